@@ -1,0 +1,1 @@
+"""The crihook proxy: kubelet-facing server, pass-through, pipeline, chain, store."""
