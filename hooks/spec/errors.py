@@ -1,0 +1,17 @@
+"""What a hook raises to refuse a request."""
+
+from __future__ import annotations
+
+__all__ = ["Reject"]
+
+
+class Reject(Exception):
+    """The hook refuses this request (a malformed annotation, an impossible request).
+
+    The CRI call fails with FAILED_PRECONDITION and a message naming the hook and the reason,
+    whatever the hook's failure policy: a refusal is a decision, not a failure.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,297 @@
+"""Read-only views of pods, containers and their resources, as hooks see them.
+
+CRI carries no pod spec; kubelet encodes it. The views decode it once for every hook:
+- QoS class from the sandbox cgroup parent (`/kubepods/burstable/pod<uid>`,
+  `kubepods-besteffort-pod<uid>.slice`; Guaranteed pods sit directly under kubepods);
+- CPU request from `cpu_shares` (kubelet sends max(2, milli*1024//1000)), CPU limit from
+  `cpu_quota`/`cpu_period`, memory limit from `memory_limit_in_bytes`;
+- "integer CPUs": a Guaranteed container whose CPU request is whole CPUs;
+- `oom_score_adj` as kubelet computed it.
+Views are frozen; maps are read-only. `to_dict`/`from_dict` persist them in the store.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from crihook.api.cri.v1 import api_pb2
+
+__all__ = [
+    "ContainerKind",
+    "ContainerView",
+    "PodView",
+    "QoSClass",
+    "ResourcesView",
+    "container_view_from_config",
+    "cpu_request_milli_from_shares",
+    "pod_view_from_config",
+    "qos_from_cgroup_parent",
+    "resources_view",
+]
+
+# kubelet's pod annotations (set by an operator's webhook, not by kubelet) that tell crihook
+# which containers are init containers or sidecars: CRI itself does not say.
+INIT_CONTAINERS_ANNOTATION = "crihook.io/init-containers"
+SIDECAR_CONTAINERS_ANNOTATION = "crihook.io/sidecar-containers"
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class QoSClass(enum.Enum):
+    GUARANTEED = "Guaranteed"
+    BURSTABLE = "Burstable"
+    BEST_EFFORT = "BestEffort"
+    UNKNOWN = "Unknown"  # the cgroup parent is not kubelet's (no `kubepods` in it)
+
+
+class ContainerKind(enum.Enum):
+    INIT = "init"
+    SIDECAR = "sidecar"
+    APP = "app"
+    UNKNOWN = "unknown"  # CRI does not say, and the pod carries no crihook.io annotation
+
+
+def _ro(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping)) if mapping else _EMPTY
+
+
+@dataclass(frozen=True)
+class ResourcesView:
+    """Resources as kubelet encoded them, decoded once. None means "not set"."""
+
+    qos_class: QoSClass = QoSClass.UNKNOWN
+    cpu_request_milli: int | None = None
+    cpu_limit_milli: int | None = None
+    memory_limit_bytes: int | None = None
+    integer_cpus: int | None = None
+    oom_score_adj: int | None = None
+    cpu_shares: int | None = None
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    hugepage_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["qos_class"] = self.qos_class.value
+        doc["hugepage_limits"] = dict(self.hugepage_limits)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ResourcesView:
+        kw = dict(doc)
+        kw["qos_class"] = QoSClass(kw.get("qos_class", "Unknown"))
+        kw["hugepage_limits"] = MappingProxyType(dict(kw.get("hugepage_limits", {})))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class PodView:
+    id: str
+    """Sandbox id; empty during pre-RunPodSandbox (the runtime has not made one yet)."""
+    uid: str
+    name: str
+    namespace: str
+    attempt: int = 0
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    cgroup_parent: str = ""
+    runtime_handler: str = ""
+    qos_class: QoSClass = QoSClass.UNKNOWN
+    resources: ResourcesView | None = None
+    """Pod-level resources (`LinuxPodSandboxConfig.resources`), when kubelet sends them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "uid": self.uid,
+            "name": self.name,
+            "namespace": self.namespace,
+            "attempt": self.attempt,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "cgroup_parent": self.cgroup_parent,
+            "runtime_handler": self.runtime_handler,
+            "qos_class": self.qos_class.value,
+            "resources": self.resources.to_dict() if self.resources else None,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> PodView:
+        res = doc.get("resources")
+        return cls(
+            id=doc["id"],
+            uid=doc["uid"],
+            name=doc["name"],
+            namespace=doc["namespace"],
+            attempt=int(doc.get("attempt", 0)),
+            labels=_ro(doc.get("labels")),
+            annotations=_ro(doc.get("annotations")),
+            cgroup_parent=doc.get("cgroup_parent", ""),
+            runtime_handler=doc.get("runtime_handler", ""),
+            qos_class=QoSClass(doc.get("qos_class", "Unknown")),
+            resources=ResourcesView.from_dict(res) if res else None,
+        )
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    id: str
+    """Container id; empty during pre-CreateContainer."""
+    pod_id: str
+    name: str
+    attempt: int = 0
+    image: str = ""
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    kind: ContainerKind = ContainerKind.UNKNOWN
+    resources: ResourcesView = field(default_factory=ResourcesView)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pod_id": self.pod_id,
+            "name": self.name,
+            "attempt": self.attempt,
+            "image": self.image,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "kind": self.kind.value,
+            "resources": self.resources.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ContainerView:
+        return cls(
+            id=doc["id"],
+            pod_id=doc["pod_id"],
+            name=doc["name"],
+            attempt=int(doc.get("attempt", 0)),
+            image=doc.get("image", ""),
+            labels=_ro(doc.get("labels")),
+            annotations=_ro(doc.get("annotations")),
+            kind=ContainerKind(doc.get("kind", "unknown")),
+            resources=ResourcesView.from_dict(doc.get("resources", {})),
+        )
+
+
+# --- decoding kubelet's encodings (pure) -----------------------------------------------------
+
+_TOKENS = re.compile(r"[/-]")
+
+
+def qos_from_cgroup_parent(cgroup_parent: str) -> QoSClass:
+    """The QoS class kubelet encoded in a sandbox cgroup parent (cgroupfs or systemd form)."""
+    last = cgroup_parent.rstrip("/").rsplit("/", 1)[-1].removesuffix(".slice")
+    tokens = [t.removesuffix(".slice") for t in _TOKENS.split(cgroup_parent) if t]
+    if "kubepods" not in tokens:
+        return QoSClass.UNKNOWN
+    if "besteffort" in tokens:
+        return QoSClass.BEST_EFFORT
+    if "burstable" in tokens:
+        return QoSClass.BURSTABLE
+    if last.split("-")[-1].startswith("pod"):
+        return QoSClass.GUARANTEED
+    return QoSClass.UNKNOWN
+
+
+def cpu_request_milli_from_shares(shares: int) -> int | None:
+    """Invert kubelet's shares = max(2, milli*1024//1000); exact for every request ≥ 2m.
+
+    shares ≤ 2 is kubelet's floor (no request, or a tiny one): reported as 0.
+    """
+    if shares <= 0:
+        return None
+    if shares <= 2:
+        return 0
+    return math.ceil(shares * 1000 / 1024)
+
+
+def resources_view(
+    linux: api_pb2.LinuxContainerResources | None, qos_class: QoSClass
+) -> ResourcesView:
+    """Decode LinuxContainerResources as kubelet fills them."""
+    if linux is None:
+        return ResourcesView(qos_class=qos_class)
+    request = cpu_request_milli_from_shares(linux.cpu_shares)
+    limit = None
+    if linux.cpu_quota > 0 and linux.cpu_period > 0:
+        limit = linux.cpu_quota * 1000 // linux.cpu_period
+    integer = None
+    if qos_class is QoSClass.GUARANTEED and request and request % 1000 == 0:
+        integer = request // 1000
+    return ResourcesView(
+        qos_class=qos_class,
+        cpu_request_milli=request,
+        cpu_limit_milli=limit,
+        memory_limit_bytes=linux.memory_limit_in_bytes or None,
+        integer_cpus=integer,
+        oom_score_adj=linux.oom_score_adj,
+        cpu_shares=linux.cpu_shares or None,
+        cpu_quota=linux.cpu_quota or None,
+        cpu_period=linux.cpu_period or None,
+        cpuset_cpus=linux.cpuset_cpus,
+        cpuset_mems=linux.cpuset_mems,
+        hugepage_limits=MappingProxyType({h.page_size: h.limit for h in linux.hugepage_limits}),
+    )
+
+
+def pod_view_from_config(
+    sandbox_id: str, config: api_pb2.PodSandboxConfig, runtime_handler: str = ""
+) -> PodView:
+    parent = config.linux.cgroup_parent
+    qos = qos_from_cgroup_parent(parent)
+    has_pod_resources = config.linux.HasField("resources")
+    return PodView(
+        id=sandbox_id,
+        uid=config.metadata.uid,
+        name=config.metadata.name,
+        namespace=config.metadata.namespace,
+        attempt=config.metadata.attempt,
+        labels=_ro(config.labels),
+        annotations=_ro(config.annotations),
+        cgroup_parent=parent,
+        runtime_handler=runtime_handler,
+        qos_class=qos,
+        resources=resources_view(config.linux.resources, qos) if has_pod_resources else None,
+    )
+
+
+def _names(annotations: Mapping[str, str], key: str) -> set[str]:
+    return {n.strip() for n in annotations.get(key, "").split(",") if n.strip()}
+
+
+def container_kind(pod: PodView, name: str) -> ContainerKind:
+    if name in _names(pod.annotations, INIT_CONTAINERS_ANNOTATION):
+        return ContainerKind.INIT
+    if name in _names(pod.annotations, SIDECAR_CONTAINERS_ANNOTATION):
+        return ContainerKind.SIDECAR
+    if INIT_CONTAINERS_ANNOTATION in pod.annotations or (
+        SIDECAR_CONTAINERS_ANNOTATION in pod.annotations
+    ):
+        return ContainerKind.APP
+    return ContainerKind.UNKNOWN
+
+
+def container_view_from_config(
+    container_id: str, pod: PodView, config: api_pb2.ContainerConfig
+) -> ContainerView:
+    linux = config.linux.resources if config.linux.HasField("resources") else None
+    return ContainerView(
+        id=container_id,
+        pod_id=pod.id,
+        name=config.metadata.name,
+        attempt=config.metadata.attempt,
+        image=config.image.image,
+        labels=_ro(config.labels),
+        annotations=_ro(config.annotations),
+        kind=container_kind(pod, config.metadata.name),
+        resources=resources_view(linux, pod.qos_class),
+    )

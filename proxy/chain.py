@@ -1,0 +1,319 @@
+"""The ordered hook chain: subscriptions, per-hook timeout, failure policy, breaker, dry-run.
+
+Hooks run in `NN-name` order; each sees the request as adjusted by the hooks before it (the
+Merger changes it in place). Per hook:
+- the call is bounded by the hook's timeout and by kubelet's remaining deadline;
+- a failure (timeout, plugin down, exception) fails the CRI call when the hook's policy is
+  `fail`, and is logged and counted and the call goes on without that hook when `ignore`;
+- a Reject from the hook always fails the call (a decision, not a failure);
+- after `breaker_threshold` consecutive failures the breaker opens: the hook is not called for
+  `breaker_reset_seconds` (its policy decides what that means for the call: fail fast, or go
+  on), then one probe call is let through; success closes it. Never dropped for good.
+- dry-run (global or per hook): the adjustment is computed and logged, nothing is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import Message
+
+from crihook.hooks.spec import (
+    Adjustment,
+    ChainHook,
+    ContainerView,
+    Event,
+    HookContext,
+    HookState,
+    PodView,
+    Reject,
+    Stage,
+)
+from crihook.proxy.config import ChainSettings, HookSettings
+from crihook.proxy.errors import (
+    HookError,
+    HookInvalidAdjustment,
+    HookRejected,
+    HookTimeout,
+    HookUnavailable,
+)
+from crihook.proxy.merge import Merger
+
+__all__ = ["Breaker", "Chain", "ChainEntry", "is_exempt"]
+
+log = logging.getLogger(__name__)
+
+# Leave the runtime this much of kubelet's deadline after the hooks.
+_RUNTIME_RESERVE = 0.05
+
+
+@dataclass
+class Breaker:
+    threshold: int
+    reset_seconds: float
+    failures: int = 0
+    open_until: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+
+    def allows(self) -> bool:
+        """Closed, or open long enough that one probe may go through."""
+        return self.failures < self.threshold or self.clock() >= self.open_until
+
+    def success(self) -> None:
+        self.failures = 0
+        self.open_until = 0.0
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self.failures >= self.threshold:
+            self.open_until = self.clock() + self.reset_seconds
+
+    @property
+    def state(self) -> str:
+        if self.failures < self.threshold:
+            return "closed"
+        return "half-open" if self.clock() >= self.open_until else "open"
+
+
+@dataclass
+class ChainEntry:
+    """One hook in the chain with its settings and running counters."""
+
+    hook: ChainHook
+    settings: HookSettings
+    breaker: Breaker
+    subs: frozenset[tuple[Event, Stage]] = frozenset()
+    counters: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def refresh_subscriptions(self) -> None:
+        self.subs = self.hook.subscriptions()
+
+    def wants(self, event: Event, stage: Stage) -> bool:
+        if not self.settings.enabled:
+            return False
+        if (event, stage) in self.subs:
+            return True
+        # A plugin that is down has no known subscriptions; a `fail` plugin must still fail
+        # the calls it would have handled, so it is asked (and fails) on every event.
+        return not getattr(self.hook, "connected", True) and self.settings.failure_policy == "fail"
+
+
+def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
+    if pod.namespace in settings.exempt_namespaces:
+        return True
+    return any(pod.labels.get(k) == v for k, v in settings.exempt_labels.items())
+
+
+def _order(entry: ChainEntry) -> tuple[int, str]:
+    return (entry.settings.index, entry.settings.base_name)
+
+
+class Chain:
+    """Runs the hooks of one stage of one call. Holds no per-call state."""
+
+    def __init__(
+        self,
+        settings: ChainSettings,
+        state_for: Callable[[str], HookState],
+    ) -> None:
+        self.settings = settings
+        self._state_for = state_for
+        self._builtin: list[ChainEntry] = []
+        self._plugins: list[ChainEntry] = []
+        self.entries: list[ChainEntry] = []
+
+    # --- membership --------------------------------------------------------------------------
+    @staticmethod
+    def entry(hook: ChainHook, settings: HookSettings) -> ChainEntry:
+        entry = ChainEntry(
+            hook, settings, Breaker(settings.breaker_threshold, settings.breaker_reset_seconds)
+        )
+        entry.refresh_subscriptions()
+        return entry
+
+    def set_builtin(self, entries: Sequence[ChainEntry]) -> None:
+        self._builtin = list(entries)
+        self._rebuild()
+
+    def set_plugins(self, entries: Sequence[ChainEntry]) -> None:
+        self._plugins = list(entries)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        merged = sorted(self._builtin + self._plugins, key=_order)
+        names = [e.settings.base_name for e in merged]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            # Drop-ins are checked before they get here; this guards the invariant.
+            raise ValueError(f"hook names used twice: {', '.join(sorted(dupes))}")
+        self.entries = merged
+        log.info("hook chain: %s", ", ".join(e.name for e in merged) or "(empty)")
+
+    def refresh(self) -> None:
+        for entry in self.entries:
+            entry.refresh_subscriptions()
+
+    def wants(self, event: Event, stage: Stage) -> bool:
+        return any(e.wants(event, stage) for e in self.entries)
+
+    def exempt(self, pod: PodView) -> bool:
+        return is_exempt(self.settings, pod)
+
+    # --- running a stage ---------------------------------------------------------------------
+    async def run(
+        self,
+        event: Event,
+        stage: Stage,
+        pod: PodView,
+        container: ContainerView | None,
+        request: Message,
+        response: Message | None,
+        deadline: float | None,
+    ) -> Merger:
+        """Run every subscribed hook of this stage; returns the merge (request changed in
+        place unless dry-run). Raises a HookError/HookConflict that must fail the call."""
+        merger = Merger(event, request, self.settings.conflict, self.settings.precedence)
+        post = stage is Stage.POST
+        for entry in self.entries:
+            if not entry.wants(event, stage):
+                continue
+            adjustment = await self._call(
+                entry, event, stage, pod, container, merger.request, response, deadline
+            )
+            if not adjustment:
+                continue
+            merger.validate(entry.name, adjustment, post)
+            if self.settings.dry_run or entry.settings.dry_run:
+                log.info(
+                    "dry-run: %s would apply %r",
+                    entry.name,
+                    adjustment,
+                    extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
+                )
+                entry.counters["dry_run"] += 1
+                if entry.settings.dry_run and not self.settings.dry_run:
+                    continue
+                # Global dry-run: later hooks still see the adjusted request, so the log shows
+                # what the whole chain would do; the pipeline forwards the original bytes.
+            merger.add(entry.name, entry.settings.base_name, adjustment)
+        return merger
+
+    async def _call(
+        self,
+        entry: ChainEntry,
+        event: Event,
+        stage: Stage,
+        pod: PodView,
+        container: ContainerView | None,
+        request: Message,
+        response: Message | None,
+        deadline: float | None,
+    ) -> Adjustment | None:
+        timeout = entry.settings.timeout_ms / 1000
+        if deadline is not None:
+            timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
+        ctx = HookContext(
+            event,
+            stage,
+            pod,
+            container,
+            request,
+            response,
+            self._state_for(entry.settings.base_name),
+            timeout,
+        )
+        if not entry.breaker.allows():
+            entry.counters["skipped"] += 1
+            error: HookError = HookUnavailable(
+                entry.name,
+                f"skipped: {entry.breaker.failures} consecutive failures, circuit open for "
+                f"{entry.settings.breaker_reset_seconds:g}s",
+            )
+            return self._failed(entry, error, event, pod)
+        entry.counters["calls"] += 1
+        started = time.perf_counter()
+        try:
+            adjustment = await asyncio.wait_for(entry.hook.call(ctx), timeout)
+        except Reject as exc:
+            entry.breaker.success()  # it answered: a refusal is not a failure
+            entry.counters["rejected"] += 1
+            raise HookRejected(entry.name, f"rejected {event.value}: {exc.reason}") from exc
+        except TimeoutError as exc:
+            error = HookTimeout(
+                entry.name,
+                f"no answer to {stage.value}-{event.value} within {timeout * 1000:.0f} ms",
+            )
+            error.__cause__ = exc
+        except ConnectionError as exc:
+            error = HookUnavailable(entry.name, f"unavailable: {exc}")
+        except (ValueError, TypeError) as exc:
+            error = HookInvalidAdjustment(entry.name, f"bad adjustment: {exc}")
+        except Exception as exc:  # a hook's bug must not take the call down uncontrolled
+            log.debug("hook %s raised", entry.name, exc_info=True)
+            error = HookError(entry.name, f"failed: {type(exc).__name__}: {exc}")
+        else:
+            entry.breaker.success()
+            elapsed = (time.perf_counter() - started) * 1000
+            log.debug(
+                "%s %s-%s -> %r",
+                entry.name,
+                stage.value,
+                event.value,
+                adjustment,
+                extra={"elapsed_ms": round(elapsed, 3)},
+            )
+            if adjustment is not None and not isinstance(adjustment, Adjustment):
+                raise HookInvalidAdjustment(
+                    entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"
+                )
+            return adjustment
+        entry.breaker.failure()
+        entry.counters["failures"] += 1
+        return self._failed(entry, error, event, pod)
+
+    def _failed(self, entry: ChainEntry, error: HookError, event: Event, pod: PodView) -> None:
+        if entry.settings.failure_policy == "fail":
+            raise error
+        entry.counters["ignored"] += 1
+        log.warning(
+            "%s; failure_policy=ignore, going on without it",
+            error,
+            extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
+        )
+        return None
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per hook: settings, breaker and counters (for `crihook state`)."""
+        return [
+            {
+                "name": e.name,
+                "kind": "plugin" if e.settings.endpoint else "in-process",
+                "failure_policy": e.settings.failure_policy,
+                "timeout_ms": e.settings.timeout_ms,
+                "dry_run": e.settings.dry_run or self.settings.dry_run,
+                "enabled": e.settings.enabled,
+                "connected": getattr(e.hook, "connected", True),
+                "subscriptions": sorted(f"{s.value}-{ev.value}" for ev, s in e.subs),
+                "breaker": e.breaker.state,
+                "counters": dict(e.counters),
+            }
+            for e in self.entries
+        ]
+
+    async def close(self) -> None:
+        for entry in self.entries:
+            await entry.hook.close()
+
+
+def _pod_label(pod: PodView) -> str:
+    return f"{pod.namespace}/{pod.name}"

@@ -1,0 +1,100 @@
+"""Command line: `crihook serve` runs the proxy, `crihook state` shows what it knows.
+
+Flags override the config file. Any bad setting or flag is one line on stderr naming it,
+and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from crihook import __version__
+from crihook.proxy.config import DEFAULT_STATE_DIR, apply_flags, load_config
+from crihook.proxy.errors import ConfigError, SocketInUseError
+from crihook.proxy.log import configure_logging
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like every other configuration error.
+        self.exit(2, f"crihook: {message} (see crihook {self.prog.split()[-1]} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="crihook", description="A CRI runtime proxy with hook plugins.")
+    parser.add_argument("--version", action="version", version=f"crihook {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", help="run the proxy in front of the runtime")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML config file (default /etc/crihook/config.toml, may be absent)",
+    )
+    serve.add_argument("--listen", help="kubelet-facing socket, unix:///run/crihook/crihook.sock")
+    serve.add_argument(
+        "--runtime-endpoint", help="the runtime's socket, unix:///run/containerd/containerd.sock"
+    )
+    serve.add_argument(
+        "--image-endpoint", help="a separate image service socket (default: the runtime's)"
+    )
+    serve.add_argument("--hooks", help="comma-separated NN-name hooks for the chain, or none")
+    serve.add_argument(
+        "--plugins-dir",
+        help="drop-in directory of out-of-process plugins (default /etc/crihook/hooks.d)",
+    )
+    serve.add_argument("--state-dir", help="where state is kept (default /var/lib/crihook)")
+    serve.add_argument(
+        "--dry-run", action="store_true", help="run hooks and log their adjustments, apply nothing"
+    )
+    serve.add_argument("--log-format", choices=("plain", "json"))
+    serve.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error"))
+
+    state = sub.add_parser("state", help="show pods, containers, owners and hook states")
+    state.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    state.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = apply_flags(load_config(args.config), vars(args))
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a declared dependency; the default loop works too
+        return asyncio.run(_run(settings))
+    return uvloop.run(_run(settings))
+
+
+async def _run(settings: object) -> int:
+    from crihook.proxy.app import run
+
+    return await run(settings)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        from crihook.proxy.state_cli import show_state
+
+        return show_state(args.state_dir, args.json)
+    except ConfigError as exc:
+        print(f"crihook: config error: {exc}", file=sys.stderr)
+        return 2
+    except SocketInUseError as exc:
+        print(f"crihook: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

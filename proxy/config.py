@@ -1,0 +1,403 @@
+"""Settings: loaded once at start from the TOML file, overridden by flags, validated, frozen.
+
+Every setting has a documented default here; `deploy/config.toml` is the annotated example.
+A bad value raises ConfigError naming the setting (`[hooks.annotate] timeout_ms: ...`), which
+the CLI prints as one line before exiting 2.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from crihook.proxy.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "ChainSettings",
+    "HookSettings",
+    "RuntimeSettings",
+    "ServerSettings",
+    "Settings",
+    "load_config",
+    "normalize_endpoint",
+    "parse_hook_name",
+]
+
+DEFAULT_CONFIG_PATH = Path("/etc/crihook/config.toml")
+DEFAULT_LISTEN = "unix:///run/crihook/crihook.sock"
+DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
+DEFAULT_STATE_DIR = Path("/var/lib/crihook")
+DEFAULT_PLUGINS_DIR = Path("/etc/crihook/hooks.d")
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+FAILURE_POLICIES = ("fail", "ignore")
+CONFLICT_MODES = ("error", "precedence")
+
+_HOOK_NAME = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9_.-]*)$")
+_MAX_UNIX_PATH = 107
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = DEFAULT_LISTEN
+    """Where kubelet connects: `unix:///path`."""
+    socket_mode: int = 0o660
+    """Permission bits of the listen socket."""
+    socket_group: str | None = None
+    """Group owning the listen socket (name or number); None keeps root's."""
+    shutdown_grace_seconds: float = 10.0
+    """On SIGTERM, how long calls in flight may take before they are cancelled."""
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.listen.removeprefix("unix://"))
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    endpoint: str = DEFAULT_RUNTIME
+    """containerd's CRI socket."""
+    image_endpoint: str | None = None
+    """A separate image service (kubelet's --image-service-endpoint); None: the runtime's."""
+    startup_wait_max_seconds: float = 5.0
+    """Cap of the backoff between probes while waiting for the runtime at start."""
+
+    @property
+    def image_target(self) -> str:
+        return self.image_endpoint or self.endpoint
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """Settings of one hook in the chain (in-process or out-of-process)."""
+
+    name: str
+    """`NN-name`: NN (two digits) orders the chain, the name breaks ties."""
+    failure_policy: str = "fail"
+    """`fail`: the CRI call fails naming the hook; `ignore`: go on without its adjustment."""
+    timeout_ms: int = 1000
+    """Per call; also bounded by kubelet's remaining deadline."""
+    dry_run: bool = False
+    """Compute and log this hook's adjustment, apply nothing."""
+    enabled: bool = True
+    breaker_threshold: int = 5
+    """Consecutive failures after which the hook is skipped (circuit open)."""
+    breaker_reset_seconds: float = 30.0
+    """How long an open circuit waits before one probe call is let through."""
+    module: str | None = None
+    """In-process hook: `package.module:Class` (built-ins need none)."""
+    endpoint: str | None = None
+    """Out-of-process plugin: `unix:///path` of its socket."""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Hook-specific settings, handed to the hook as they are."""
+
+    @property
+    def index(self) -> int:
+        return int(self.name[:2])
+
+    @property
+    def base_name(self) -> str:
+        return self.name[3:]
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    hooks: tuple[HookSettings, ...] = ()
+    """The configured in-process chain, in order."""
+    conflict: str = "error"
+    """`error`: two hooks setting one field fail the call; `precedence`: see below."""
+    precedence: tuple[str, ...] = ()
+    """With conflict = "precedence": hook base names, earlier wins a contested field."""
+    exempt_namespaces: tuple[str, ...] = ()
+    """Pods in these namespaces bypass every hook (a plugin's own pods, system pods)."""
+    exempt_labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Pods carrying any of these label=value pairs bypass every hook."""
+    plugins_dir: Path = DEFAULT_PLUGINS_DIR
+    """Drop-in directory of out-of-process plugins, one TOML file each."""
+    dry_run: bool = False
+    """Global dry-run: every hook computes and logs, nothing is applied."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = ServerSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    chain: ChainSettings = ChainSettings()
+    state_dir: Path = DEFAULT_STATE_DIR
+    log_format: str = "plain"
+    log_level: str = "info"
+
+
+def normalize_endpoint(setting: str, value: object) -> str:
+    """`unix:///p` or `/p` → `unix:///p`; anything else is a ConfigError."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(setting, "must be a non-empty string like unix:///run/x.sock")
+    path = value.removeprefix("unix://")
+    if not path.startswith("/"):
+        raise ConfigError(setting, f"{value!r} is not an absolute unix socket (unix:///path)")
+    if len(path.encode()) > _MAX_UNIX_PATH:
+        raise ConfigError(setting, f"socket path is longer than {_MAX_UNIX_PATH} bytes")
+    return "unix://" + path
+
+
+def parse_hook_name(setting: str, name: object) -> str:
+    if not isinstance(name, str) or not _HOOK_NAME.match(name):
+        raise ConfigError(setting, f"{name!r} is not NN-name (two digits, dash, lower-case name)")
+    return name
+
+
+# --- TOML → Settings -----------------------------------------------------------------------
+
+_TOP_KEYS = {
+    "listen",
+    "runtime_endpoint",
+    "image_endpoint",
+    "socket_mode",
+    "socket_group",
+    "state_dir",
+    "plugins_dir",
+    "log_format",
+    "log_level",
+    "dry_run",
+    "shutdown_grace_seconds",
+    "runtime_startup_wait_max_seconds",
+    "hooks",
+}
+_CHAIN_KEYS = {"order", "conflict", "precedence", "exempt_namespaces", "exempt_labels"}
+HOOK_KEYS = {
+    "failure_policy",
+    "timeout_ms",
+    "dry_run",
+    "enabled",
+    "breaker_threshold",
+    "breaker_reset_seconds",
+    "module",
+    "endpoint",
+}
+
+
+def _typed(setting: str, value: object, kind: type | tuple[type, ...], what: str) -> Any:
+    # bool is an int in Python; never accept it where a number is meant.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(setting, f"must be {what}, not {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(setting, f"must be {what}, not {value!r}")
+    return value
+
+
+def _choice(setting: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(setting, f"must be one of {', '.join(choices)}, not {value!r}")
+    return str(value)
+
+
+def _positive(setting: str, value: object) -> float:
+    number = _typed(setting, value, (int, float), "a number")
+    if number <= 0:
+        raise ConfigError(setting, f"must be > 0, not {number!r}")
+    return float(number)
+
+
+def _str_list(setting: str, value: object) -> tuple[str, ...]:
+    items = _typed(setting, value, list, "a list of strings")
+    for item in items:
+        _typed(setting, item, str, "a list of strings")
+    return tuple(items)
+
+
+def _socket_mode(setting: str, value: object) -> int:
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3}", value):
+        return int(value, 8)
+    raise ConfigError(setting, f'must be an octal string like "0660", not {value!r}')
+
+
+def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> HookSettings:
+    """One hook's settings from its table; unknown keys are hook options."""
+    known = {k: v for k, v in table.items() if k in HOOK_KEYS}
+    options = {k: v for k, v in table.items() if k not in HOOK_KEYS}
+    kw: dict[str, Any] = {"name": name, "options": MappingProxyType(options)}
+    if "failure_policy" in known:
+        kw["failure_policy"] = _choice(
+            f"{section} failure_policy", known["failure_policy"], FAILURE_POLICIES
+        )
+    if "timeout_ms" in known:
+        kw["timeout_ms"] = int(_positive(f"{section} timeout_ms", known["timeout_ms"]))
+    for flag in ("dry_run", "enabled"):
+        if flag in known:
+            kw[flag] = _typed(f"{section} {flag}", known[flag], bool, "true or false")
+    if "breaker_threshold" in known:
+        kw["breaker_threshold"] = int(
+            _positive(f"{section} breaker_threshold", known["breaker_threshold"])
+        )
+    if "breaker_reset_seconds" in known:
+        kw["breaker_reset_seconds"] = _positive(
+            f"{section} breaker_reset_seconds", known["breaker_reset_seconds"]
+        )
+    if "module" in known:
+        module = _typed(f"{section} module", known["module"], str, "'package.module:Class'")
+        if ":" not in module:
+            raise ConfigError(f"{section} module", f"{module!r} is not 'package.module:Class'")
+        kw["module"] = module
+    if "endpoint" in known:
+        kw["endpoint"] = normalize_endpoint(f"{section} endpoint", known["endpoint"])
+    return HookSettings(**kw)
+
+
+def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
+    table = _typed("[hooks]", doc.get("hooks", {}), dict, "a table")
+    per_hook = {k: v for k, v in table.items() if isinstance(v, dict)}
+    for key in table:
+        if key not in _CHAIN_KEYS and key not in per_hook:
+            raise ConfigError(f"[hooks] {key}", "unknown setting")
+    order = [
+        parse_hook_name("[hooks] order", n)
+        for n in _str_list("[hooks] order", table.get("order", []))
+    ]
+    if len({n[3:] for n in order}) != len(order):
+        raise ConfigError("[hooks] order", "a hook name appears twice")
+    hooks = []
+    for name in order:
+        base = name[3:]
+        hooks.append(parse_hook_settings(f"[hooks.{base}]", name, per_hook.get(base, {})))
+    for base in per_hook:
+        if base not in {n[3:] for n in order}:
+            raise ConfigError(f"[hooks.{base}]", "settings for a hook that is not in [hooks] order")
+    out: dict[str, Any] = {"hooks": tuple(hooks)}
+    if "conflict" in table:
+        out["conflict"] = _choice("[hooks] conflict", table["conflict"], CONFLICT_MODES)
+    if "precedence" in table:
+        out["precedence"] = _str_list("[hooks] precedence", table["precedence"])
+    if out.get("conflict") == "precedence" and not out.get("precedence"):
+        raise ConfigError("[hooks] precedence", 'conflict = "precedence" needs a list of hooks')
+    if "exempt_namespaces" in table:
+        out["exempt_namespaces"] = _str_list(
+            "[hooks] exempt_namespaces", table["exempt_namespaces"]
+        )
+    if "exempt_labels" in table:
+        labels = _typed("[hooks] exempt_labels", table["exempt_labels"], dict, "a table")
+        for value in labels.values():
+            _typed("[hooks] exempt_labels", value, str, "a table of strings")
+        out["exempt_labels"] = MappingProxyType(dict(labels))
+    return out
+
+
+def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise ConfigError(key, "unknown setting")
+    server: dict[str, Any] = {}
+    runtime: dict[str, Any] = {}
+    chain = _chain_settings(doc)
+    top: dict[str, Any] = {}
+    if "listen" in doc:
+        server["listen"] = normalize_endpoint("listen", doc["listen"])
+    if "socket_mode" in doc:
+        server["socket_mode"] = _socket_mode("socket_mode", doc["socket_mode"])
+    if "socket_group" in doc:
+        group = _typed("socket_group", doc["socket_group"], (str, int), "a group name or id")
+        server["socket_group"] = str(group)
+    if "shutdown_grace_seconds" in doc:
+        server["shutdown_grace_seconds"] = _positive(
+            "shutdown_grace_seconds", doc["shutdown_grace_seconds"]
+        )
+    if "runtime_endpoint" in doc:
+        runtime["endpoint"] = normalize_endpoint("runtime_endpoint", doc["runtime_endpoint"])
+    if "image_endpoint" in doc:
+        runtime["image_endpoint"] = normalize_endpoint("image_endpoint", doc["image_endpoint"])
+    if "runtime_startup_wait_max_seconds" in doc:
+        runtime["startup_wait_max_seconds"] = _positive(
+            "runtime_startup_wait_max_seconds", doc["runtime_startup_wait_max_seconds"]
+        )
+    if "state_dir" in doc:
+        top["state_dir"] = _abs_path("state_dir", doc["state_dir"])
+    if "plugins_dir" in doc:
+        chain["plugins_dir"] = _abs_path("plugins_dir", doc["plugins_dir"])
+    if "log_format" in doc:
+        top["log_format"] = _choice("log_format", doc["log_format"], LOG_FORMATS)
+    if "log_level" in doc:
+        top["log_level"] = _choice("log_level", str(doc["log_level"]).lower(), LOG_LEVELS)
+    if "dry_run" in doc:
+        chain["dry_run"] = _typed("dry_run", doc["dry_run"], bool, "true or false")
+    return Settings(
+        server=ServerSettings(**server),
+        runtime=RuntimeSettings(**runtime),
+        chain=ChainSettings(**chain),
+        **top,
+    )
+
+
+def _abs_path(setting: str, value: object) -> Path:
+    text = _typed(setting, value, str, "an absolute path")
+    if not text.startswith("/"):
+        raise ConfigError(setting, f"{text!r} is not an absolute path")
+    return Path(text)
+
+
+def load_config(path: Path | None) -> Settings:
+    """Read the TOML file. `None` means the default path, which may be absent."""
+    target = path or DEFAULT_CONFIG_PATH
+    try:
+        raw = target.read_bytes()
+    except FileNotFoundError:
+        if path is None:
+            return Settings()
+        raise ConfigError("--config", f"{target} does not exist") from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {target}: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("--config", f"{target} is not valid TOML: {exc}") from None
+    return settings_from_toml(doc)
+
+
+def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
+    """Flags given on the command line (not None) override the file's settings."""
+    server, runtime, chain = settings.server, settings.runtime, settings.chain
+    top: dict[str, Any] = {}
+    if flags.get("listen") is not None:
+        server = replace(server, listen=normalize_endpoint("--listen", flags["listen"]))
+    if flags.get("runtime_endpoint") is not None:
+        runtime = replace(
+            runtime, endpoint=normalize_endpoint("--runtime-endpoint", flags["runtime_endpoint"])
+        )
+    if flags.get("image_endpoint") is not None:
+        runtime = replace(
+            runtime,
+            image_endpoint=normalize_endpoint("--image-endpoint", flags["image_endpoint"]),
+        )
+    if flags.get("hooks") is not None:
+        chain = replace(chain, hooks=_hooks_flag(flags["hooks"], chain.hooks))
+    if flags.get("plugins_dir") is not None:
+        chain = replace(chain, plugins_dir=_abs_path("--plugins-dir", flags["plugins_dir"]))
+    if flags.get("dry_run"):
+        chain = replace(chain, dry_run=True)
+    if flags.get("state_dir") is not None:
+        top["state_dir"] = _abs_path("--state-dir", flags["state_dir"])
+    if flags.get("log_format") is not None:
+        top["log_format"] = _choice("--log-format", flags["log_format"], LOG_FORMATS)
+    if flags.get("log_level") is not None:
+        top["log_level"] = _choice("--log-level", flags["log_level"].lower(), LOG_LEVELS)
+    return replace(settings, server=server, runtime=runtime, chain=chain, **top)
+
+
+def _hooks_flag(value: str, configured: tuple[HookSettings, ...]) -> tuple[HookSettings, ...]:
+    """`--hooks none` empties the chain; `--hooks 10-a,20-b` names it (configured settings
+    are kept for hooks that were configured)."""
+    if value.strip() == "none":
+        return ()
+    by_base = {h.base_name: h for h in configured}
+    hooks = []
+    for name in (n.strip() for n in value.split(",") if n.strip()):
+        parse_hook_name("--hooks", name)
+        known = by_base.get(name[3:])
+        hooks.append(replace(known, name=name) if known else HookSettings(name=name))
+    if len({h.base_name for h in hooks}) != len(hooks):
+        raise ConfigError("--hooks", "a hook name appears twice")
+    return tuple(hooks)

@@ -1,0 +1,101 @@
+"""crihook's expected errors, and the gRPC status each one becomes.
+
+    CrihookError                      base; never raised itself
+    ├── ConfigError                   a bad setting or flag; exit 2 at start
+    ├── SocketInUseError              the listen socket is served by a live process
+    ├── RuntimeUnavailable            the runtime cannot be reached (UNAVAILABLE)
+    ├── RequestInvalid                a request crihook must read does not parse (INVALID_ARGUMENT)
+    ├── HookError                     a hook failed; carries the hook's name
+    │   ├── HookTimeout               the hook did not answer in time (DEADLINE_EXCEEDED)
+    │   ├── HookUnavailable           the plugin cannot be reached (UNAVAILABLE)
+    │   ├── HookRejected              the hook refused the request (FAILED_PRECONDITION)
+    │   └── HookInvalidAdjustment     the hook returned something this call cannot carry (INTERNAL)
+    └── HookConflict                  two hooks set the same field (FAILED_PRECONDITION)
+
+Expected errors carry a message a node operator can act on: what failed, for which pod or
+container, which hook, and what to do. Anything else is a bug and surfaces as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "ConfigError",
+    "CrihookError",
+    "HookConflict",
+    "HookError",
+    "HookInvalidAdjustment",
+    "HookRejected",
+    "HookTimeout",
+    "HookUnavailable",
+    "RequestInvalid",
+    "RuntimeUnavailable",
+    "SocketInUseError",
+]
+
+
+class CrihookError(Exception):
+    """Base of every expected crihook error."""
+
+    status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class ConfigError(CrihookError):
+    """A setting is wrong; the message names the setting and what is wrong with it."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
+class SocketInUseError(CrihookError):
+    """Another live process already serves on the listen socket."""
+
+
+class RuntimeUnavailable(CrihookError):
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class RequestInvalid(CrihookError):
+    status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class HookError(CrihookError):
+    """A hook failed. The message always starts with the hook's name."""
+
+    def __init__(self, hook: str, message: str) -> None:
+        super().__init__(f"hook {hook!r}: {message}")
+        self.hook = hook
+
+
+class HookTimeout(HookError):
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class HookUnavailable(HookError):
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class HookRejected(HookError):
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class HookInvalidAdjustment(HookError):
+    status = grpc.StatusCode.INTERNAL
+
+
+class HookConflict(CrihookError):
+    """Two hooks set the same field of the same request."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, field: str, owner: str, other: str) -> None:
+        super().__init__(
+            f"hooks {owner!r} and {other!r} both set {field}; "
+            "fix the hooks or set [hooks] precedence in the crihook config"
+        )
+        self.field = field
+        self.owner = owner
+        self.other = other

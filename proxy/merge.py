@@ -1,0 +1,268 @@
+"""Applies hook adjustments to a CRI request, field by field, recording who owns what.
+
+The chain calls `Merger.add(hook, adjustment)` after each hook, in chain order; the request is
+changed in place so the next hook sees it as adjusted so far. A second hook touching a field
+another hook owns is a conflict: an error naming both (the default), or decided by the
+configured precedence (earlier in the list wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.spec.adjustment import (
+    REMOVE,
+    RESOURCE_FIELDS,
+    Adjustment,
+    ContainerUpdate,
+    Device,
+    Field,
+    FieldKey,
+    Mount,
+    describe_key,
+)
+from crihook.hooks.spec.events import Event
+from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
+
+__all__ = ["ALLOWED_FIELDS", "FieldChange", "Merger", "apply_change"]
+
+_CONTAINER_FIELDS = RESOURCE_FIELDS | {
+    Field.LABEL,
+    Field.ANNOTATION,
+    Field.DEVICE,
+    Field.MOUNT,
+    Field.ENV,
+    Field.CDI_DEVICE,
+}
+
+# What each call can carry. Start/Stop/Remove carry only ids: hooks there may only update
+# other containers.
+ALLOWED_FIELDS: Mapping[Event, frozenset[Field]] = {
+    Event.RUN_POD_SANDBOX: frozenset(
+        (RESOURCE_FIELDS - {Field.OOM_SCORE_ADJ})
+        | {Field.CGROUP_PARENT, Field.LABEL, Field.ANNOTATION}
+    ),
+    Event.CREATE_CONTAINER: frozenset(_CONTAINER_FIELDS),
+    Event.UPDATE_CONTAINER_RESOURCES: frozenset(RESOURCE_FIELDS | {Field.ANNOTATION}),
+    Event.START_CONTAINER: frozenset(),
+    Event.STOP_CONTAINER: frozenset(),
+    Event.REMOVE_CONTAINER: frozenset(),
+    Event.STOP_POD_SANDBOX: frozenset(),
+    Event.REMOVE_POD_SANDBOX: frozenset(),
+}
+
+_PROPAGATION = {
+    "private": api_pb2.PROPAGATION_PRIVATE,
+    "rslave": api_pb2.PROPAGATION_HOST_TO_CONTAINER,
+    "rshared": api_pb2.PROPAGATION_BIDIRECTIONAL,
+}
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One applied change, for the audit: which hook set which field to what."""
+
+    hook: str
+    field: str
+    value: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hook": self.hook, "field": self.field, "value": _jsonable(self.value)}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is REMOVE:
+        return "<removed>"
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, Device | Mount):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return value
+
+
+class Merger:
+    """Merges the adjustments of one call. One instance per intercepted call."""
+
+    def __init__(
+        self, event: Event, request: Message, conflict: str, precedence: Sequence[str]
+    ) -> None:
+        self.event = event
+        self.request = request
+        self._conflict = conflict
+        self._rank = {name: i for i, name in enumerate(precedence)}
+        self.owners: dict[FieldKey, str] = {}
+        self.values: dict[FieldKey, Any] = {}
+        self.updates: list[tuple[str, ContainerUpdate]] = []
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.owners)
+
+    def validate(self, hook: str, adjustment: Adjustment, post: bool) -> None:
+        """Refuse fields the call cannot carry, before anything is applied."""
+        allowed = frozenset() if post else ALLOWED_FIELDS[self.event]
+        for key in adjustment.changes:
+            if key[0] not in allowed:
+                where = f"post-{self.event.value}" if post else self.event.value
+                raise HookInvalidAdjustment(
+                    hook, f"set {describe_key(key)}, which {where} cannot carry"
+                )
+
+    def add(self, hook: str, base_name: str, adjustment: Adjustment) -> None:
+        """Apply one hook's adjustment (already validated), or raise HookConflict.
+
+        Conflicts are checked for every field first, so a conflicting adjustment changes
+        nothing (never half-applied)."""
+        winners: list[FieldKey] = []
+        for key in adjustment.changes:
+            owner = self.owners.get(key)
+            if owner is None or owner == hook or self._wins(base_name, owner):
+                winners.append(key)
+            elif self._conflict != "precedence" or not self._ranked(owner):
+                raise HookConflict(describe_key(key), owner, hook)
+        for key in winners:
+            value = adjustment.changes[key]
+            apply_change(self.event, self.request, key, value)
+            self.owners[key] = hook
+            self.values[key] = value
+        self.updates.extend((hook, u) for u in adjustment.updates)
+
+    def _ranked(self, hook: str) -> bool:
+        return _base(hook) in self._rank
+
+    def _wins(self, challenger_base: str, owner: str) -> bool:
+        if self._conflict != "precedence":
+            return False
+        mine, theirs = self._rank.get(challenger_base), self._rank.get(_base(owner))
+        return mine is not None and (theirs is None or mine < theirs)
+
+    def audit(self) -> list[FieldChange]:
+        return [FieldChange(self.owners[k], describe_key(k), self.values[k]) for k in self.owners]
+
+
+def _base(hook: str) -> str:
+    return hook[3:] if len(hook) > 3 and hook[2] == "-" and hook[:2].isdigit() else hook
+
+
+# --- applying one change to a CRI request ------------------------------------------------
+
+
+def _resources(event: Event, request: Any) -> Any:
+    if event is Event.UPDATE_CONTAINER_RESOURCES:
+        return request.linux
+    return request.config.linux.resources
+
+
+def _maps(event: Event, request: Any, field: Field) -> Any:
+    if event is Event.UPDATE_CONTAINER_RESOURCES:
+        return request.annotations
+    return request.config.labels if field is Field.LABEL else request.config.annotations
+
+
+_SCALAR_RESOURCES = {
+    Field.CPUSET_CPUS: "cpuset_cpus",
+    Field.CPUSET_MEMS: "cpuset_mems",
+    Field.CPU_SHARES: "cpu_shares",
+    Field.CPU_QUOTA: "cpu_quota",
+    Field.CPU_PERIOD: "cpu_period",
+    Field.MEMORY_LIMIT: "memory_limit_in_bytes",
+    Field.MEMORY_SWAP_LIMIT: "memory_swap_limit_in_bytes",
+    Field.OOM_SCORE_ADJ: "oom_score_adj",
+}
+
+
+def apply_change(event: Event, request: Any, key: FieldKey, value: Any) -> None:
+    """Write one field into the request (a protobuf message, changed in place)."""
+    field, name = key
+    if field is Field.CGROUP_PARENT:
+        request.config.linux.cgroup_parent = value
+    elif field in (Field.LABEL, Field.ANNOTATION):
+        target = _maps(event, request, field)
+        if value is REMOVE:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    elif field in _SCALAR_RESOURCES:
+        setattr(_resources(event, request), _SCALAR_RESOURCES[field], value)
+    elif field is Field.HUGEPAGE_LIMIT:
+        _set_hugepage(_resources(event, request), name, value)
+    elif field is Field.UNIFIED:
+        unified = _resources(event, request).unified
+        if value is REMOVE:
+            unified.pop(name, None)
+        else:
+            unified[name] = value
+    elif field is Field.DEVICE:
+        _replace_keyed(request.config.devices, "container_path", name, value, _device)
+    elif field is Field.MOUNT:
+        _replace_keyed(request.config.mounts, "container_path", name, value, _mount)
+    elif field is Field.ENV:
+        _set_env(request.config.envs, name, value)
+    elif field is Field.CDI_DEVICE:
+        _replace_keyed(
+            request.config.CDI_devices, "name", name, value, lambda n: api_pb2.CDIDevice(name=n)
+        )
+    else:  # pragma: no cover - every Field is handled above
+        raise AssertionError(f"unhandled field {field}")
+
+
+def _set_hugepage(resources: Any, page_size: str, limit: int) -> None:
+    for entry in resources.hugepage_limits:
+        if entry.page_size == page_size:
+            entry.limit = limit
+            return
+    resources.hugepage_limits.add(page_size=page_size, limit=limit)
+
+
+def _replace_keyed(items: Any, attr: str, key: str, value: Any, build: Any) -> None:
+    """Replace the entry with this key in place (order kept), append it, or remove it."""
+    index = next((i for i, item in enumerate(items) if getattr(item, attr) == key), None)
+    if value is REMOVE:
+        if index is not None:
+            del items[index]
+        return
+    message = build(value)
+    if index is None:
+        items.append(message)
+    else:
+        items[index].CopyFrom(message)
+
+
+def _device(device: Device) -> api_pb2.Device:
+    return api_pb2.Device(
+        container_path=device.container_path,
+        host_path=device.host_path,
+        permissions=device.permissions,
+    )
+
+
+def _mount(mount: Mount) -> api_pb2.Mount:
+    return api_pb2.Mount(
+        container_path=mount.container_path,
+        host_path=mount.host_path,
+        readonly=mount.readonly,
+        selinux_relabel=mount.selinux_relabel,
+        propagation=_PROPAGATION[mount.propagation],
+    )
+
+
+def _set_env(envs: Any, name: str, value: Any) -> None:
+    """Env is an ordered list that may repeat a name: a set rewrites every occurrence in
+    place (the order kubelet sent is kept), or appends; a remove drops every occurrence."""
+    if value is REMOVE:
+        keep = [kv for kv in envs if kv.key != name]
+        del envs[:]
+        envs.extend(keep)
+        return
+    found = False
+    for kv in envs:
+        if kv.key == name:
+            kv.value = value
+            found = True
+    if not found:
+        envs.add(key=name, value=value)

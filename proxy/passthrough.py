@@ -1,0 +1,136 @@
+"""Raw-bytes forwarding of every call no hook wants: unary, server-streaming and unknown.
+
+Requests and responses are never decoded here; the bytes kubelet sent are the bytes the
+runtime gets, and the runtime's answer (or its status code, message and trailers) is what
+kubelet gets. kubelet's deadline and metadata travel with the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+
+from crihook.proxy.runtime_client import RuntimeClient
+
+__all__ = [
+    "Readiness",
+    "abort_with",
+    "call_options",
+    "stream_stream_handler",
+    "unary_handler",
+    "unary_stream_handler",
+]
+
+# More than this many seconds means "no deadline": grpc reports a huge remaining time then.
+_NO_DEADLINE = 1e8
+_RESERVED_PREFIXES = ("grpc-", ":")
+_HOP_BY_HOP = frozenset({"user-agent", "content-type", "te", "host"})
+
+
+class Readiness:
+    """Whether crihook may forward yet (the runtime answered once, the store is loaded)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.reason = "crihook is starting"
+
+    def set(self, ready: bool, reason: str = "") -> None:
+        self.ready = ready
+        self.reason = reason
+
+
+def _metadata(md: Any) -> tuple[tuple[str, Any], ...] | None:
+    if not md:
+        return None
+    kept = tuple(
+        (k, v) for k, v in md if not k.startswith(_RESERVED_PREFIXES) and k not in _HOP_BY_HOP
+    )
+    return kept or None
+
+
+def call_options(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, Any]:
+    """kubelet's remaining deadline and its metadata, for the call to the runtime."""
+    remaining = context.time_remaining()
+    timeout = None if remaining is None or remaining > _NO_DEADLINE else max(remaining, 0.0)
+    return {"timeout": timeout, "metadata": _metadata(context.invocation_metadata())}
+
+
+async def abort_with(
+    context: grpc.aio.ServicerContext[Any, Any], err: grpc.aio.AioRpcError
+) -> NoReturn:
+    """End kubelet's call with the runtime's own status, message and trailers."""
+    await context.abort(err.code(), err.details() or "", _metadata(err.trailing_metadata()))
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+async def _not_ready(context: grpc.aio.ServicerContext[Any, Any], readiness: Readiness) -> NoReturn:
+    await context.abort(grpc.StatusCode.UNAVAILABLE, f"crihook: {readiness.reason}")
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+Behaviour = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Coroutine[Any, Any, bytes]]
+
+
+def unary_handler(
+    client: RuntimeClient, path: str, image_service: bool, readiness: Readiness
+) -> grpc.RpcMethodHandler:
+    call = client.unary(path, image_service)
+
+    async def forward(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        if not readiness.ready:
+            await _not_ready(context, readiness)
+        try:
+            response: bytes = await call(request, **call_options(context))
+        except grpc.aio.AioRpcError as err:
+            await abort_with(context, err)
+        return response
+
+    return grpc.unary_unary_rpc_method_handler(forward)
+
+
+def unary_stream_handler(
+    client: RuntimeClient, path: str, image_service: bool, readiness: Readiness
+) -> grpc.RpcMethodHandler:
+    call = client.unary_stream(path, image_service)
+
+    async def forward(
+        request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        if not readiness.ready:
+            await _not_ready(context, readiness)
+        upstream = call(request, **call_options(context))
+        try:
+            async for message in upstream:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            await abort_with(context, err)
+        finally:
+            upstream.cancel()
+
+    return grpc.unary_stream_rpc_method_handler(forward)
+
+
+def stream_stream_handler(
+    client: RuntimeClient, path: str, image_service: bool, readiness: Readiness
+) -> grpc.RpcMethodHandler:
+    """For methods crihook does not know: a stream-stream handler carries any cardinality."""
+    call = client.stream_stream(path, image_service)
+
+    async def forward(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        if not readiness.ready:
+            await _not_ready(context, readiness)
+        upstream = call(requests, **call_options(context))
+        try:
+            async for message in upstream:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            await abort_with(context, err)
+        finally:
+            upstream.cancel()
+
+    return grpc.stream_stream_rpc_method_handler(forward)

@@ -1,0 +1,145 @@
+"""Out-of-process plugins from drop-in files, one TOML file per plugin:
+
+    name = "50-annotate"
+    endpoint = "unix:///run/crihook/plugins/annotate.sock"
+    failure_policy = "ignore"
+    timeout_ms = 500
+
+The directory is rescanned every second; files added, changed or removed take effect without a
+restart. A bad file is reported (file and key) and ignored; a plugin already running from an
+earlier good version of that file keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crihook.hooks.spec import ContainerView, PodView
+from crihook.proxy.chain import Chain, ChainEntry
+from crihook.proxy.config import HookSettings, parse_hook_name, parse_hook_settings
+from crihook.proxy.errors import ConfigError
+
+__all__ = ["PluginDirectory", "parse_dropin"]
+
+log = logging.getLogger(__name__)
+
+Snapshot = Callable[[], tuple[Sequence[PodView], Sequence[ContainerView]]]
+
+
+def parse_dropin(path: Path, text: str) -> HookSettings:
+    """A drop-in file's settings, or ConfigError naming the file and key."""
+    where = str(path)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, f"not valid TOML: {exc}") from None
+    name = parse_hook_name(f"{where} name", doc.pop("name", None))
+    if "endpoint" not in doc:
+        raise ConfigError(f"{where} endpoint", "missing (unix:///path of the plugin's socket)")
+    if "module" in doc:
+        raise ConfigError(f"{where} module", "drop-ins name plugins by endpoint, not module")
+    return parse_hook_settings(where, name, doc)
+
+
+@dataclass
+class _Loaded:
+    text: str
+    settings: HookSettings
+    entry: ChainEntry
+
+
+class PluginDirectory:
+    def __init__(
+        self,
+        directory: Path,
+        chain: Chain,
+        snapshot: Snapshot,
+        reserved: set[str],
+        interval: float = 1.0,
+    ) -> None:
+        self.directory = directory
+        self.chain = chain
+        self.snapshot = snapshot
+        self.reserved = reserved  # base names of in-process hooks
+        self.interval = interval
+        self.loaded: dict[Path, _Loaded] = {}
+        self.errors: dict[Path, str] = {}
+
+    async def run(self) -> None:
+        while True:
+            await self.scan()
+            await asyncio.sleep(self.interval)
+
+    async def scan(self) -> None:
+        files = await asyncio.to_thread(_read_dir, self.directory)
+        changed = False
+        for path in [p for p in self.loaded if p not in files]:
+            log.info("plugin %s removed (%s)", self.loaded[path].settings.name, path)
+            await self.loaded.pop(path).entry.hook.close()
+            changed = True
+        self.errors = {p: e for p, e in self.errors.items() if p in files}
+        for path, text in files.items():
+            current = self.loaded.get(path)
+            if current is not None and current.text == text:
+                continue
+            try:
+                settings = parse_dropin(path, text)
+                self._check_name(path, settings)
+            except ConfigError as exc:
+                if self.errors.get(path) != str(exc):
+                    log.error("plugin drop-in ignored: %s", exc)
+                self.errors[path] = str(exc)
+                continue
+            self.errors.pop(path, None)
+            if current is not None:
+                await current.entry.hook.close()
+            from crihook.hooks.remote.client import RemoteHook  # only when a plugin exists
+
+            hook = RemoteHook(settings, self.snapshot)
+            await hook.start()
+            self.loaded[path] = _Loaded(text, settings, Chain.entry(hook, settings))
+            log.info("plugin %s %s (%s)", settings.name, "reloaded" if current else "added", path)
+            changed = True
+        if changed:
+            self.chain.set_plugins([item.entry for item in self.loaded.values()])
+        else:
+            self.chain.refresh()
+
+    def _check_name(self, path: Path, settings: HookSettings) -> None:
+        base = settings.base_name
+        if base in self.reserved:
+            raise ConfigError(f"{path} name", f"{base!r} is already an in-process hook")
+        for other_path, other in self.loaded.items():
+            if other_path != path and other.settings.base_name == base:
+                raise ConfigError(f"{path} name", f"{base!r} is already used by {other_path}")
+
+    async def close(self) -> None:
+        for item in self.loaded.values():
+            await item.entry.hook.close()
+        self.loaded.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory),
+            "errors": {str(p): e for p, e in self.errors.items()},
+        }
+
+
+def _read_dir(directory: Path) -> dict[Path, str]:
+    try:
+        paths = sorted(directory.glob("*.toml"))
+    except OSError:
+        return {}
+    files = {}
+    for path in paths:
+        try:
+            files[path] = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+    return files

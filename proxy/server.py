@@ -1,0 +1,72 @@
+"""The kubelet-facing gRPC server: a table from method to handler.
+
+Intercepted methods go to the pipeline; every other known method is forwarded as raw bytes
+(unary or server-streaming); a method crihook does not know (a newer kubelet) is caught by a
+generic handler and forwarded too, never answered UNIMPLEMENTED by crihook itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.passthrough import (
+    Readiness,
+    stream_stream_handler,
+    unary_handler,
+    unary_stream_handler,
+)
+from crihook.proxy.pipeline import Pipeline
+from crihook.proxy.runtime_client import RuntimeClient
+
+__all__ = ["SERVER_OPTIONS", "build_server"]
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class _UnknownMethods(grpc.GenericRpcHandler):
+    """Forwards any method the compiled API does not have, whatever its cardinality."""
+
+    def __init__(self, runtime: RuntimeClient, readiness: Readiness) -> None:
+        self._runtime = runtime
+        self._readiness = readiness
+        self._cache: dict[str, grpc.RpcMethodHandler] = {}
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method: str = details.method  # type: ignore[attr-defined]
+        handler = self._cache.get(method)
+        if handler is None:
+            image = method.startswith(f"/{CRI_PACKAGE}.ImageService/")
+            handler = stream_stream_handler(self._runtime, method, image, self._readiness)
+            self._cache[method] = handler
+        return handler
+
+
+def build_server(
+    runtime: RuntimeClient, pipeline: Pipeline, readiness: Readiness
+) -> grpc.aio.Server:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for method in known_methods():
+        image = method.is_image_service
+        if method.path in intercepted:
+            handler = pipeline.handler(intercepted[method.path])
+        elif method.client_streaming:
+            handler = stream_stream_handler(runtime, method.path, image, readiness)
+        elif method.server_streaming:
+            handler = unary_stream_handler(runtime, method.path, image, readiness)
+        else:
+            handler = unary_handler(runtime, method.path, image, readiness)
+        by_service.setdefault(method.service, {})[method.name] = handler
+    for service, handlers in by_service.items():
+        server.add_registered_method_handlers(service, handlers)
+    server.add_generic_rpc_handlers([_UnknownMethods(runtime, readiness)])
+    return server

@@ -1,0 +1,50 @@
+"""The listen socket: refuse a live one, replace a stale one, set mode and group."""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import socket
+import stat
+from pathlib import Path
+
+from crihook.proxy.errors import ConfigError, SocketInUseError
+
+__all__ = ["prepare_listen_path", "secure_socket"]
+
+
+def prepare_listen_path(path: Path) -> None:
+    """Make the directory; remove a stale socket file; refuse a live one or a non-socket."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUseError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise SocketInUseError(f"cannot tell whether {path} is in use: {exc}") from exc
+        path.unlink(missing_ok=True)  # stale: left by a crashed process
+        return
+    finally:
+        probe.close()
+    raise SocketInUseError(
+        f"{path} is in use by a live process (another crihook?); stop it or choose --listen"
+    )
+
+
+def secure_socket(path: Path, mode: int, group: str | None) -> None:
+    """Apply the configured mode and group to the socket file grpc created."""
+    if group is not None:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ConfigError("socket_group", f"no such group {group!r}") from None
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
