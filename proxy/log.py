@@ -55,3 +55,5 @@ def configure_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # grpc's own debug lines (one per loop lookup) drown crihook's; keep them at INFO or above.
+    logging.getLogger("grpc").setLevel(max(root.level, logging.INFO))

@@ -62,7 +62,7 @@ async def abort_with(
     context: grpc.aio.ServicerContext[Any, Any], err: grpc.aio.AioRpcError
 ) -> NoReturn:
     """End kubelet's call with the runtime's own status, message and trailers."""
-    await context.abort(err.code(), err.details() or "", _metadata(err.trailing_metadata()))
+    await context.abort(err.code(), err.details() or "", _metadata(err.trailing_metadata()) or ())
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 

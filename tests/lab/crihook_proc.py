@@ -1,0 +1,132 @@
+"""Runs a real crihook process (`python -m crihook serve`) for tests, on temp sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+__all__ = ["CrihookProcess", "short_tmpdir", "wait_for"]
+
+_VERSION = "/runtime.v1.RuntimeService/Version"
+
+
+def short_tmpdir(prefix: str = "ch-") -> Path:
+    """A fresh directory under /tmp: unix socket paths must stay under 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class CrihookProcess:
+    def __init__(
+        self,
+        runtime_endpoint: str,
+        workdir: Path | None = None,
+        args: Sequence[str] = (),
+        config: str | None = None,
+        hooks: str | None = "none",
+    ) -> None:
+        self.workdir = workdir or short_tmpdir()
+        self.socket_path = self.workdir / "crihook.sock"
+        self.state_dir = self.workdir / "state"
+        self.plugins_dir = self.workdir / "hooks.d"
+        self.plugins_dir.mkdir(exist_ok=True)
+        self.log_path = self.workdir / "crihook.log"
+        self.runtime_endpoint = runtime_endpoint
+        self.args = list(args)
+        self.config_path: Path | None = None
+        if config is not None:
+            self.config_path = self.workdir / "config.toml"
+            self.config_path.write_text(config)
+        self.hooks = hooks
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "crihook", "serve", "--listen", self.endpoint,
+               "--runtime-endpoint", self.runtime_endpoint, "--state-dir", str(self.state_dir),
+               "--plugins-dir", str(self.plugins_dir), "--log-level", "debug"]  # fmt: skip
+        if self.config_path is not None:
+            cmd += ["--config", str(self.config_path)]
+        else:
+            # Never read the host's /etc/crihook/config.toml in tests.
+            empty = self.workdir / "empty.toml"
+            empty.write_text("")
+            cmd += ["--config", str(empty)]
+        if self.hooks is not None:
+            cmd += ["--hooks", self.hooks]
+        return cmd + self.args
+
+    def start(self, wait: bool = True, ready: bool = True) -> CrihookProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log,
+                                     start_new_session=True)  # fmt: skip
+        log.close()
+        if wait:
+            wait_for(lambda: self.socket_path.exists() or self.proc.poll() is not None, 15,  # type: ignore[union-attr]
+                     "crihook's socket")  # fmt: skip
+            if self.proc.poll() is not None:
+                raise AssertionError(f"crihook exited {self.proc.returncode}:\n{self.log()}")
+            if ready:
+                wait_for(self._answers, 20, f"crihook ready\n{self.log()}")
+        return self
+
+    def _answers(self) -> bool:
+        with grpc.insecure_channel(self.endpoint) as channel:
+            try:
+                channel.unary_unary(_VERSION)(b"", timeout=2)
+                return True
+            except grpc.RpcError:
+                return False
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"crihook did not stop within {timeout}s:\n{self.log()}") from None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> CrihookProcess:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
