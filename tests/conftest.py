@@ -1,0 +1,3 @@
+"""Shared pytest configuration: the containerd test bed fixtures live in tests/lab/fixtures.py."""
+
+pytest_plugins = ["tests.lab.fixtures"]

@@ -1,0 +1,107 @@
+"""pytest fixtures for the containerd test bed (registered by tests/conftest.py).
+
+- ``lab_images`` (session): the pause and busybox archives, cached in /tmp/crihook-lab-images.
+- ``containerd`` (session): one private containerd for the whole run, cleaned up at the end
+  even when tests fail. Not root, or containerd cannot start: the tests fail with the reason
+  (nothing is skipped).
+- ``pod_cleanup`` (function): at teardown removes every sandbox that appeared on the lab
+  containerd during the test, whoever created it (directly or through crihook).
+- ``kubelet_direct`` (function): a KubeletClient on containerd's own socket; its pods are
+  removed by ``pod_cleanup``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from tests.lab.containerd import Containerd, LabError
+from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
+from tests.lab.kubelet import KubeletClient, PodHandle
+
+__all__ = ["PodCleanup", "containerd", "kubelet_direct", "lab_images", "pod_cleanup"]
+
+# Short on purpose: <dir>/containerd.sock must fit the 107-byte unix socket limit.
+LAB_DIR_PREFIX = "crihook-lab-"
+
+
+@pytest.fixture(scope="session")
+def lab_images() -> LabImages:
+    try:
+        return build_images(DEFAULT_CACHE_DIR)
+    except Exception as exc:
+        pytest.fail(f"building the lab images failed: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def containerd(lab_images: LabImages) -> Iterator[Containerd]:
+    if os.geteuid() != 0:
+        pytest.fail("the containerd lab needs root (run the tests as root)", pytrace=False)
+    lab = Containerd(tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images)
+    failure = ""
+    try:
+        lab.start()
+    except BaseException as exc:  # also Ctrl-C: never leave a half-started containerd
+        try:
+            lab.cleanup()
+        except LabError as cleanup_exc:
+            exc.add_note(str(cleanup_exc))
+        if not isinstance(exc, Exception):
+            raise
+        notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", []))
+        failure = f"containerd lab did not start: {exc}{notes}"
+    if failure:  # outside the except block, so the report is not a chained traceback
+        pytest.fail(f"{failure}\n(run tests/lab/install.sh if packages are missing)", pytrace=False)
+    try:
+        yield lab
+    finally:
+        lab.cleanup()
+
+
+class PodCleanup:
+    """Removes, at teardown, the sandboxes created on ``containerd`` since construction."""
+
+    def __init__(self, containerd: Containerd, client: KubeletClient) -> None:
+        self.containerd = containerd
+        self.client = client
+        self._before = {p.id for p in client.list_pods()}
+        self.handles: list[PodHandle] = []
+
+    def add(self, handle: PodHandle) -> PodHandle:
+        """Record a handle explicitly (optional: every new sandbox is removed anyway)."""
+        self.handles.append(handle)
+        return handle
+
+    def new_sandbox_ids(self) -> list[str]:
+        return [p.id for p in self.client.list_pods() if p.id not in self._before]
+
+    def cleanup(self) -> None:
+        # A fault test may have stopped or killed containerd: removal goes through CRI.
+        self.containerd.ensure_running()
+        parents = {h.sandbox_id: h.cgroup_parent for h in self.handles}
+        errors: list[str] = []
+        for sandbox_id in self.new_sandbox_ids():
+            try:
+                self.client.remove_pod_by_id(sandbox_id, cgroup_parent=parents.get(sandbox_id))
+            except Exception as exc:  # try every pod, report all at the end
+                errors.append(f"{sandbox_id[:12]}: {exc!r}")
+        if errors:
+            raise LabError("pod cleanup failed:\n  " + "\n  ".join(errors))
+
+
+@pytest.fixture
+def pod_cleanup(containerd: Containerd) -> Iterator[PodCleanup]:
+    containerd.ensure_running()
+    with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as client:
+        tracker = PodCleanup(containerd, client)
+        yield tracker
+        tracker.cleanup()
+
+
+@pytest.fixture
+def kubelet_direct(containerd: Containerd, pod_cleanup: PodCleanup) -> Iterator[KubeletClient]:
+    with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as client:
+        yield client

@@ -1,0 +1,33 @@
+#!/bin/sh
+# Install what the containerd test bed (tests/lab) needs on a Debian/Ubuntu machine.
+# Idempotent: when every package is already installed it only runs dpkg-query (well under 1 s).
+set -eu
+
+PACKAGES="containerd runc busybox-static containernetworking-plugins gcc libc6-dev iproute2"
+
+missing=""
+for pkg in $PACKAGES; do
+    # "install ok installed" is the only status that means the package is usable.
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [ "$status" != "install ok installed" ]; then
+        missing="$missing $pkg"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/lab/install.sh: missing packages:$missing (run as root to install them)" >&2
+    exit 1
+fi
+
+echo "tests/lab/install.sh: installing:$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+# shellcheck disable=SC2086  # word splitting of the package list is intended
+apt-get install -y -q --no-install-recommends $missing
+# The Debian package ships a systemd unit; without systemd nothing starts it. Where systemd
+# exists it may have started a system-wide containerd: harmless, the lab runs its own instance
+# on a private socket and root.
