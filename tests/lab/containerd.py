@@ -157,6 +157,10 @@ class Containerd:
         conflist.write_text(json.dumps(self._cni_conflist(), indent=2))
         self._started = True
         self._launch()
+        self.import_images()
+
+    def import_images(self) -> None:
+        """(Re-)import the lab images; a test that removed one puts it back with this."""
         for image in self.images.all():
             self._ctr("images", "import", "--snapshotter", self.snapshotter, str(image.path))
 
