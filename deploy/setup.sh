@@ -1,0 +1,16 @@
+#!/bin/sh
+# Prepare a fresh Debian machine (as root): the packages the local containerd needs, and a
+# Python environment in .venv with crihook installed (editable) and its test tools.
+# Idempotent; fast when everything is already there.
+set -eu
+cd "$(dirname "$0")/.."
+
+sh tests/lab/install.sh
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv
+fi
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

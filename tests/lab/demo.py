@@ -1,0 +1,118 @@
+"""`python -m tests.lab.demo`: crihook for real in front of a local containerd.
+
+Starts a private containerd (tests.lab), runs crihook in front of it with a one-hook chain
+(the example `annotate` hook, in-process), runs a pod through crihook as kubelet would,
+prints what containerd received, then serves until Ctrl-C and cleans everything up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from crihook.api.cri.v1 import api_pb2
+from tests.lab.containerd import Containerd
+from tests.lab.crihook_proc import CrihookProcess
+from tests.lab.images import DEFAULT_CACHE_DIR, build_images
+from tests.lab.kubelet import ContainerSpec, KubeletClient, PodSpec
+
+MiB = 1024 * 1024
+DEMO_CONFIG = """\
+[hooks]
+order = ["10-annotate"]
+
+[hooks.annotate]
+key = "demo.crihook.io/seen-by"
+value = "crihook"
+failure_policy = "fail"
+timeout_ms = 500
+"""
+
+
+def _say(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--no-wait", action="store_true", help="exit after the demo pod")
+    args = parser.parse_args(argv)
+
+    images = build_images(DEFAULT_CACHE_DIR)
+    lab = Containerd(tempfile.mkdtemp(prefix="crihook-demo-", dir="/tmp"), images)
+    crihook: CrihookProcess | None = None
+    try:
+        _say("starting a private containerd")
+        lab.start()
+        print(f"containerd {lab.endpoint} (log {lab.log_path})")
+        crihook = CrihookProcess(lab.endpoint, config=DEMO_CONFIG, hooks=None)
+        crihook.start()
+        _say("crihook is serving")
+        print(f"listen   {crihook.endpoint}")
+        print(f"runtime  {lab.endpoint}")
+        print(f"log      {crihook.log_path}")
+        print(f"state    {crihook.state_dir}")
+        _run_demo_pod(lab, crihook)
+        if not args.no_wait:
+            _say("serving until Ctrl-C (point a CRI client at the listen socket)")
+            stop = threading.Event()
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            stop.wait()
+        return 0
+    finally:
+        _say("cleaning up")
+        if crihook is not None:
+            code = crihook.stop()
+            print(f"crihook exited {code}")
+        lab.cleanup()
+        print("containerd stopped, pods, mounts, cgroups and the bridge removed")
+
+
+def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
+    spec = PodSpec(
+        name="demo",
+        namespace="default",
+        containers=[ContainerSpec(name="app", command=["sleep", "3600"], cpu_request=250,
+                                  cpu_limit=500, memory_request=32 * MiB,
+                                  memory_limit=64 * MiB)],
+    )  # fmt: skip
+    with KubeletClient(crihook.endpoint, log_root=lab.pod_log_dir) as kubelet:
+        _say("running pod default/demo through crihook (as kubelet would)")
+        handle = kubelet.run_pod(spec)
+        cid = handle.container_ids["app"]
+        print(
+            f"sandbox   {handle.sandbox_id[:13]}  qos={handle.qos}  cgroup={handle.cgroup_parent}"
+        )
+        print(f"container {cid[:13]}")
+    with KubeletClient(lab.endpoint) as direct:
+        status = direct.container_status(cid, verbose=True)
+        _say("what containerd has (asked directly, not through crihook)")
+        print(f"state       {api_pb2.ContainerState.Name(status.status.state)}")
+        ann = status.status.annotations
+        print(f"annotation  demo.crihook.io/seen-by = {ann.get('demo.crihook.io/seen-by')!r}"
+              "   <- added by the annotate hook")  # fmt: skip
+        res = status.status.resources.linux
+        print(f"resources   cpu_shares={res.cpu_shares} cpu_quota={res.cpu_quota} "
+              f"memory_limit={res.memory_limit_in_bytes}")  # fmt: skip
+        info = json.loads(status.info.get("info", "{}"))
+        pid = info.get("pid")
+        if pid:
+            cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / cid
+            shares = (cgroup / "cpu.shares").read_text().strip()
+            oom = Path(f"/proc/{pid}/oom_score_adj").read_text().strip()
+            print(f"host        pid {pid}, cpu.shares={shares}, oom_score_adj={oom}")
+    _say("crihook state")
+    out = subprocess.run([sys.executable, "-m", "crihook", "state", "--state-dir",
+                          str(crihook.state_dir)], capture_output=True, text=True)  # fmt: skip
+    print(out.stdout or out.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
