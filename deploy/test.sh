@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 sh deploy/setup.sh
 .venv/bin/python api/generate.py --check
 .venv/bin/ruff check proxy hooks api/generate.py tests bench
-.venv/bin/mypy proxy hooks
+sh deploy/typecheck.sh
 exec .venv/bin/python -m pytest -q "$@"

@@ -239,7 +239,8 @@ class Chain:
                 f"skipped: {entry.breaker.failures} consecutive failures, circuit open for "
                 f"{entry.settings.breaker_reset_seconds:g}s",
             )
-            return self._failed(entry, error, event, pod)
+            self._failed(entry, error, event, pod)
+            return None
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
@@ -279,9 +280,11 @@ class Chain:
             return adjustment
         entry.breaker.failure()
         entry.counters["failures"] += 1
-        return self._failed(entry, error, event, pod)
+        self._failed(entry, error, event, pod)
+        return None
 
     def _failed(self, entry: ChainEntry, error: HookError, event: Event, pod: PodView) -> None:
+        """Raise for `fail`; count and log for `ignore`."""
         if entry.settings.failure_policy == "fail":
             raise error
         entry.counters["ignored"] += 1
@@ -290,7 +293,6 @@ class Chain:
             error,
             extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
         )
-        return None
 
     def status(self) -> list[dict[str, Any]]:
         """Per hook: settings, breaker and counters (for `crihook state`)."""

@@ -228,8 +228,10 @@ class Pipeline:
         event, req = call.event, call.request
         audit = _audit(event, merger) if merger else {}
         if event is Event.RUN_POD_SANDBOX:
-            view = pod_view_from_config(response.pod_sandbox_id, req.config, req.runtime_handler)
-            self.store.put_pod(PodRecord(view, audit))
+            pod_view = pod_view_from_config(
+                response.pod_sandbox_id, req.config, req.runtime_handler
+            )
+            self.store.put_pod(PodRecord(pod_view, audit))
         elif event is Event.CREATE_CONTAINER:
             pod = call.pod
             if call.pod_record is None:

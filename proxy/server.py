@@ -31,7 +31,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-class _UnknownMethods(grpc.GenericRpcHandler):
+class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
     """Forwards any method the compiled API does not have, whatever its cardinality."""
 
     def __init__(self, runtime: RuntimeClient, readiness: Readiness) -> None:
@@ -40,7 +40,7 @@ class _UnknownMethods(grpc.GenericRpcHandler):
         self._cache: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method: str = details.method  # type: ignore[attr-defined]
+        method: str = details.method
         handler = self._cache.get(method)
         if handler is None:
             image = method.startswith(f"/{CRI_PACKAGE}.ImageService/")

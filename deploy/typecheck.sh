@@ -1,0 +1,14 @@
+#!/bin/sh
+# mypy --strict on proxy/ and hooks/. The folders install as crihook.* through setuptools'
+# package-dir mapping, which mypy cannot follow, so it checks a link tree with that layout.
+set -eu
+cd "$(dirname "$0")/.."
+root=$(pwd)
+tree=$(mktemp -d)
+trap 'rm -rf "$tree"' EXIT
+mkdir "$tree/crihook"
+ln -s "$root/proxy/_root/__init__.py" "$root/proxy/_root/__main__.py" "$tree/crihook/"
+ln -s "$root/proxy" "$tree/crihook/proxy"
+ln -s "$root/hooks" "$tree/crihook/hooks"
+ln -s "$root/api" "$tree/crihook/api"
+MYPYPATH="$tree" exec "${PYTHON:-.venv/bin/python}" -m mypy -p crihook.proxy -p crihook.hooks
