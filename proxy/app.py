@@ -34,6 +34,9 @@ __all__ = ["App", "run"]
 
 log = logging.getLogger(__name__)
 
+# How often status.json (hooks, breakers, counters) is rewritten for `crihook state`.
+STATUS_INTERVAL_SECONDS = 1.0
+
 
 class App:
     def __init__(self, settings: Settings) -> None:
@@ -98,7 +101,7 @@ class App:
 
     async def _status_writer(self) -> None:
         while True:
-            await asyncio.sleep(5)
+            await asyncio.sleep(STATUS_INTERVAL_SECONDS)
             await self.store.write_status()
 
     async def serve(self, stop: asyncio.Event) -> None:

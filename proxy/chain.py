@@ -55,30 +55,44 @@ _RUNTIME_RESERVE = 0.05
 
 @dataclass
 class Breaker:
+    """Consecutive-failure circuit breaker. Open: calls are not made. After the reset time
+    exactly one probe call goes through (half-open); its outcome closes or reopens it."""
+
     threshold: int
     reset_seconds: float
     failures: int = 0
     open_until: float = 0.0
+    probing: bool = False
     clock: Callable[[], float] = time.monotonic
 
     def allows(self) -> bool:
-        """Closed, or open long enough that one probe may go through."""
-        return self.failures < self.threshold or self.clock() >= self.open_until
+        if self.failures < self.threshold:
+            return True
+        if self.probing or self.clock() < self.open_until:
+            return False
+        self.probing = True
+        return True
 
     def success(self) -> None:
         self.failures = 0
         self.open_until = 0.0
+        self.probing = False
 
     def failure(self) -> None:
         self.failures += 1
+        self.probing = False
         if self.failures >= self.threshold:
             self.open_until = self.clock() + self.reset_seconds
+
+    def abandon(self) -> None:
+        """The call ended without a verdict (cancelled): let another probe try."""
+        self.probing = False
 
     @property
     def state(self) -> str:
         if self.failures < self.threshold:
             return "closed"
-        return "half-open" if self.clock() >= self.open_until else "open"
+        return "half-open" if self.probing or self.clock() >= self.open_until else "open"
 
 
 @dataclass
@@ -88,24 +102,21 @@ class ChainEntry:
     hook: ChainHook
     settings: HookSettings
     breaker: Breaker
-    subs: frozenset[tuple[Event, Stage]] = frozenset()
     counters: Counter[str] = field(default_factory=Counter)
 
     @property
     def name(self) -> str:
         return self.settings.name
 
-    def refresh_subscriptions(self) -> None:
-        self.subs = self.hook.subscriptions()
-
     def wants(self, event: Event, stage: Stage) -> bool:
         if not self.settings.enabled:
             return False
-        if (event, stage) in self.subs:
+        # A plugin that is down is asked anyway (and fails): its failure policy, not its
+        # absence, decides what happens to the call, and the failure is counted.
+        if not getattr(self.hook, "connected", True):
             return True
-        # A plugin that is down has no known subscriptions; a `fail` plugin must still fail
-        # the calls it would have handled, so it is asked (and fails) on every event.
-        return not getattr(self.hook, "connected", True) and self.settings.failure_policy == "fail"
+        # Asked every time: a plugin's subscriptions change when it (re)connects.
+        return (event, stage) in self.hook.subscriptions()
 
 
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
@@ -135,11 +146,9 @@ class Chain:
     # --- membership --------------------------------------------------------------------------
     @staticmethod
     def entry(hook: ChainHook, settings: HookSettings) -> ChainEntry:
-        entry = ChainEntry(
+        return ChainEntry(
             hook, settings, Breaker(settings.breaker_threshold, settings.breaker_reset_seconds)
         )
-        entry.refresh_subscriptions()
-        return entry
 
     def set_builtin(self, entries: Sequence[ChainEntry]) -> None:
         self._builtin = list(entries)
@@ -158,10 +167,6 @@ class Chain:
             raise ValueError(f"hook names used twice: {', '.join(sorted(dupes))}")
         self.entries = merged
         log.info("hook chain: %s", ", ".join(e.name for e in merged) or "(empty)")
-
-    def refresh(self) -> None:
-        for entry in self.entries:
-            entry.refresh_subscriptions()
 
     def wants(self, event: Event, stage: Stage) -> bool:
         return any(e.wants(event, stage) for e in self.entries)
@@ -187,12 +192,9 @@ class Chain:
         for entry in self.entries:
             if not entry.wants(event, stage):
                 continue
-            adjustment = await self._call(
-                entry, event, stage, pod, container, merger.request, response, deadline
-            )
+            adjustment = await self._call(entry, merger, post, pod, container, response, deadline)
             if not adjustment:
                 continue
-            merger.validate(entry.name, adjustment, post)
             if self.settings.dry_run or entry.settings.dry_run:
                 log.info(
                     "dry-run: %s would apply %r",
@@ -211,14 +213,17 @@ class Chain:
     async def _call(
         self,
         entry: ChainEntry,
-        event: Event,
-        stage: Stage,
+        merger: Merger,
+        post: bool,
         pod: PodView,
         container: ContainerView | None,
-        request: Message,
         response: Message | None,
         deadline: float | None,
     ) -> Adjustment | None:
+        """One hook call: its valid adjustment, or None after an ignored failure; raises
+        for a Reject and for a failure under `fail`."""
+        event, stage = merger.event, Stage.POST if post else Stage.PRE
+        request = merger.request
         timeout = entry.settings.timeout_ms / 1000
         if deadline is not None:
             timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
@@ -234,21 +239,29 @@ class Chain:
         )
         if not entry.breaker.allows():
             entry.counters["skipped"] += 1
-            error: HookError = HookUnavailable(
+            skipped = HookUnavailable(
                 entry.name,
                 f"skipped: {entry.breaker.failures} consecutive failures, circuit open for "
                 f"{entry.settings.breaker_reset_seconds:g}s",
             )
-            self._failed(entry, error, event, pod)
+            self._failed(entry, skipped, event, pod)
             return None
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
             adjustment = await asyncio.wait_for(entry.hook.call(ctx), timeout)
+            if adjustment is not None and not isinstance(adjustment, Adjustment):
+                raise HookInvalidAdjustment(
+                    entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"
+                )
+            if adjustment:
+                merger.validate(entry.name, adjustment, post)
         except Reject as exc:
             entry.breaker.success()  # it answered: a refusal is not a failure
             entry.counters["rejected"] += 1
             raise HookRejected(entry.name, f"rejected {event.value}: {exc.reason}") from exc
+        except HookInvalidAdjustment as exc:
+            error: HookError = exc
         except TimeoutError as exc:
             error = HookTimeout(
                 entry.name,
@@ -259,6 +272,9 @@ class Chain:
             error = HookUnavailable(entry.name, f"unavailable: {exc}")
         except (ValueError, TypeError) as exc:
             error = HookInvalidAdjustment(entry.name, f"bad adjustment: {exc}")
+        except asyncio.CancelledError:
+            entry.breaker.abandon()  # kubelet went away: no verdict on the hook
+            raise
         except Exception as exc:  # a hook's bug must not take the call down uncontrolled
             log.debug("hook %s raised", entry.name, exc_info=True)
             error = HookError(entry.name, f"failed: {type(exc).__name__}: {exc}")
@@ -273,10 +289,6 @@ class Chain:
                 adjustment,
                 extra={"elapsed_ms": round(elapsed, 3)},
             )
-            if adjustment is not None and not isinstance(adjustment, Adjustment):
-                raise HookInvalidAdjustment(
-                    entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"
-                )
             return adjustment
         entry.breaker.failure()
         entry.counters["failures"] += 1
@@ -305,7 +317,9 @@ class Chain:
                 "dry_run": e.settings.dry_run or self.settings.dry_run,
                 "enabled": e.settings.enabled,
                 "connected": getattr(e.hook, "connected", True),
-                "subscriptions": sorted(f"{s.value}-{ev.value}" for ev, s in e.subs),
+                "subscriptions": sorted(
+                    f"{s.value}-{ev.value}" for ev, s in e.hook.subscriptions()
+                ),
                 "breaker": e.breaker.state,
                 "counters": dict(e.counters),
             }

@@ -204,6 +204,13 @@ def _positive(setting: str, value: object) -> float:
     return float(number)
 
 
+def _count(setting: str, value: object) -> int:
+    number = _typed(setting, value, int, "a whole number")
+    if number < 1:
+        raise ConfigError(setting, f"must be >= 1, not {number!r}")
+    return int(number)
+
+
 def _str_list(setting: str, value: object) -> tuple[str, ...]:
     items = _typed(setting, value, list, "a list of strings")
     for item in items:
@@ -227,14 +234,12 @@ def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> Ho
             f"{section} failure_policy", known["failure_policy"], FAILURE_POLICIES
         )
     if "timeout_ms" in known:
-        kw["timeout_ms"] = int(_positive(f"{section} timeout_ms", known["timeout_ms"]))
+        kw["timeout_ms"] = _count(f"{section} timeout_ms", known["timeout_ms"])
     for flag in ("dry_run", "enabled"):
         if flag in known:
             kw[flag] = _typed(f"{section} {flag}", known[flag], bool, "true or false")
     if "breaker_threshold" in known:
-        kw["breaker_threshold"] = int(
-            _positive(f"{section} breaker_threshold", known["breaker_threshold"])
-        )
+        kw["breaker_threshold"] = _count(f"{section} breaker_threshold", known["breaker_threshold"])
     if "breaker_reset_seconds" in known:
         kw["breaker_reset_seconds"] = _positive(
             f"{section} breaker_reset_seconds", known["breaker_reset_seconds"]
@@ -251,7 +256,7 @@ def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> Ho
 
 def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
     table = _typed("[hooks]", doc.get("hooks", {}), dict, "a table")
-    per_hook = {k: v for k, v in table.items() if isinstance(v, dict)}
+    per_hook = {k: v for k, v in table.items() if isinstance(v, dict) and k not in _CHAIN_KEYS}
     for key in table:
         if key not in _CHAIN_KEYS and key not in per_hook:
             raise ConfigError(f"[hooks] {key}", "unknown setting")

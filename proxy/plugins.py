@@ -108,8 +108,6 @@ class PluginDirectory:
             changed = True
         if changed:
             self.chain.set_plugins([item.entry for item in self.loaded.values()])
-        else:
-            self.chain.refresh()
 
     def _check_name(self, path: Path, settings: HookSettings) -> None:
         base = settings.base_name

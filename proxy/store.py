@@ -46,14 +46,18 @@ HOOKS_DIR = "hooks"
 WRITE_BEHIND_SECONDS = 0.2
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves the old or the new file, never half."""
+def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` so that a crash leaves the old or the new file, never half.
+    `durable=False` skips the fsyncs (for files that are rewritten every second anyway)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
@@ -115,7 +119,8 @@ class HookStateStore:
         self._on_change(self.name)
 
     def delete(self, key: str) -> None:
-        if self._data.pop(key, None) is not None:
+        if key in self._data:
+            del self._data[key]
             self._on_change(self.name)
 
     def items(self) -> Iterator[tuple[str, Any]]:
@@ -261,9 +266,16 @@ class Store:
             if self._written >= wanted:
                 return
             generation = self._generation
+            dirty_hooks = set(self._dirty_hooks)
             store, hooks = self._encode()
             status = self._status_bytes()
-            await asyncio.to_thread(self._write, store, hooks, status)
+            try:
+                await asyncio.to_thread(self._write, store, hooks, status)
+            except OSError:
+                # Nothing is lost: the changes stay marked and the next flush retries them.
+                self._dirty_store = self._dirty_store or store is not None
+                self._dirty_hooks |= dirty_hooks
+                raise
             self._written = generation
 
     async def close(self) -> None:
@@ -282,18 +294,19 @@ class Store:
         return json.dumps(self.status_provider(), sort_keys=True, default=str).encode()
 
     def _write(self, store: bytes | None, hooks: dict[str, bytes], status: bytes | None) -> None:
+        (self.state_dir / HOOKS_DIR).mkdir(parents=True, exist_ok=True)
         if store is not None:
             write_atomic(self.state_dir / STORE_FILE, store)
         for name, data in hooks.items():
             write_atomic(self.state_dir / HOOKS_DIR / f"{name}.json", data)
         if status is not None:
-            write_atomic(self.state_dir / STATUS_FILE, status)
+            write_atomic(self.state_dir / STATUS_FILE, status, durable=False)
 
     async def write_status(self) -> None:
         status = self._status_bytes()
         if status is not None:
             async with self._write_lock:
-                await asyncio.to_thread(write_atomic, self.state_dir / STATUS_FILE, status)
+                await asyncio.to_thread(write_atomic, self.state_dir / STATUS_FILE, status, False)
 
     # --- reconcile with the runtime ------------------------------------------------------------
     async def reconcile(self, runtime: RuntimeClient) -> tuple[int, int, int]:

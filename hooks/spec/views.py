@@ -197,7 +197,7 @@ def qos_from_cgroup_parent(cgroup_parent: str) -> QoSClass:
         return QoSClass.BEST_EFFORT
     if "burstable" in tokens:
         return QoSClass.BURSTABLE
-    if last.split("-")[-1].startswith("pod"):
+    if last.startswith("pod") or last.split("-")[-1].startswith("pod"):
         return QoSClass.GUARANTEED
     return QoSClass.UNKNOWN
 

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from google.protobuf.descriptor import (  # type: ignore[import-untyped, unused-ignore]
     FieldDescriptor,
     ServiceDescriptor,
 )
+
+from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

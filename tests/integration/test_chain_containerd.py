@@ -1,0 +1,395 @@
+"""The hook chain in a real crihook in front of the real containerd: in-process hooks and the
+example plugin as a separate process change what containerd receives; ordering, conflicts,
+failure policies, the breaker, drop-in reload, restart, dry-run, insecure plugin sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crihook.api.cri.v1 import api_pb2
+from tests.lab.containerd import Containerd
+from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.fixtures import PodCleanup
+from tests.lab.kubelet import ContainerSpec, KubeletClient, PodSpec, PodStartError
+
+MiB = 1024 * 1024
+KEY = "example.com/annotated"
+
+
+class Plugin:
+    """The annotate example plugin, as its own process."""
+
+    def __init__(self, *extra: str, value: str = "by-plugin", key: str = KEY) -> None:
+        self.dir = short_tmpdir("pl-")
+        self.socket = self.dir / "annotate.sock"
+        self.extra = extra
+        self.key, self.value = key, value
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Plugin:
+        self.socket.unlink(missing_ok=True)
+        with open(self.dir / "plugin.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "crihook.hooks.examples.annotate", "--socket",
+                 str(self.socket), "--key", self.key, "--value", self.value, *self.extra],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        wait_for(self.socket.exists, 10, "the plugin's socket")
+        return self
+
+    def stop(self, sig: int = 15) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+        self.proc = None
+
+    def dropin(self, name: str, policy: str, timeout_ms: int = 1000, **more: object) -> str:
+        lines = [f'name = "{name}"', f'endpoint = "unix://{self.socket}"',
+                 f'failure_policy = "{policy}"', f"timeout_ms = {timeout_ms}"]  # fmt: skip
+        lines += [f"{k} = {json.dumps(v)}" for k, v in more.items()]
+        return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def plugin() -> Iterator[Plugin]:
+    p = Plugin().start()
+    yield p
+    p.stop()
+
+
+def _crihook(
+    containerd: Containerd, config: str = "", args: tuple[str, ...] = ()
+) -> CrihookProcess:
+    return CrihookProcess(containerd.endpoint, config=config, hooks=None, args=list(args))
+
+
+def _install(proc: CrihookProcess, plugin: Plugin, name: str, policy: str, **kw: object) -> Path:
+    path = proc.plugins_dir / f"{name}.toml"
+    path.write_text(plugin.dropin(name, policy, **kw))
+    return path
+
+
+def _wait_plugin_connected(proc: CrihookProcess, name: str, connected: bool = True) -> None:
+    def check() -> bool:
+        status = _state(proc).get("status") or {}
+        return any(h["name"] == name and h["connected"] is connected
+                   for h in status.get("hooks", []))  # fmt: skip
+
+    wait_for(check, 20, f"plugin {name} connected={connected}\n{proc.log()[-3000:]}")
+
+
+def _state(proc: CrihookProcess) -> dict:  # type: ignore[type-arg]
+    cmd = [sys.executable, "-m", "crihook", "state", "--json", "--state-dir", str(proc.state_dir)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _counters(proc: CrihookProcess) -> dict[str, int]:
+    hooks = (_state(proc).get("status") or {}).get("hooks", [])
+    return hooks[0]["counters"] if hooks else {}  # type: ignore[no-any-return]
+
+
+def _spec(name: str) -> PodSpec:
+    return PodSpec(name=name, containers=[ContainerSpec(
+        name="app", cpu_request=250, cpu_limit=500, memory_request=32 * MiB,
+        memory_limit=64 * MiB)])  # fmt: skip
+
+
+def _run(proc: CrihookProcess, containerd: Containerd, name: str):  # type: ignore[no-untyped-def]
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        return kubelet.run_pod(_spec(name))
+
+
+def _container(containerd: Containerd, cid: str) -> tuple[api_pb2.ContainerStatus, dict]:  # type: ignore[type-arg]
+    with KubeletClient(containerd.endpoint) as direct:
+        status = direct.container_status(cid, verbose=True)
+    return status.status, json.loads(status.info["info"])
+
+
+CHAIN = """
+[hooks]
+order = ["10-env", "30-shares"]
+[hooks.env]
+module = "tests.lab.sample_hooks:SetEnv"
+name = "FROM_HOOK"
+value = "in-process"
+[hooks.shares]
+module = "tests.lab.sample_hooks:SetShares"
+shares = 777
+"""
+
+
+def test_in_process_hook_and_plugin_process_change_what_containerd_gets(
+    containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
+) -> None:
+    with _crihook(containerd, CHAIN) as proc:
+        _install(proc, plugin, "20-annotate", "fail")
+        _wait_plugin_connected(proc, "20-annotate")
+        handle = _run(proc, containerd, "chain")
+        cid = handle.container_ids["app"]
+        status, info = _container(containerd, cid)
+        assert status.annotations[KEY] == "by-plugin"
+        env = info["runtimeSpec"]["process"]["env"]
+        assert "FROM_HOOK=in-process" in env
+        assert status.resources.linux.cpu_shares == 777
+        cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / cid
+        assert (cgroup / "cpu.shares").read_text().strip() == "777"
+        # kubelet's own values the hooks did not touch are intact
+        assert status.resources.linux.cpu_quota == 50000
+        # the audit names the owner of every field
+        audit = _state(proc)["containers"][cid]["audit"]
+        assert audit[f"annotation {KEY!r}"]["hook"] == "20-annotate"
+        assert audit["env 'FROM_HOOK'"]["hook"] == "10-env"
+        assert audit["cpu_shares"] == {**audit["cpu_shares"], "hook": "30-shares", "value": 777}
+        assert proc.stop() == 0
+
+
+def test_order_and_each_hook_sees_the_adjusted_request(
+    containerd: Containerd, pod_cleanup: PodCleanup
+) -> None:
+    config = """
+[hooks]
+order = ["20-b", "10-a", "20-a2"]
+[hooks.a]
+module = "tests.lab.sample_hooks:CountAnnotations"
+me = "a"
+[hooks.b]
+module = "tests.lab.sample_hooks:CountAnnotations"
+me = "b"
+[hooks.a2]
+module = "tests.lab.sample_hooks:CountAnnotations"
+me = "a2"
+"""
+    with _crihook(containerd, config) as proc:
+        handle = _run(proc, containerd, "order")
+        status, _ = _container(containerd, handle.container_ids["app"])
+        got = {k: v for k, v in status.annotations.items() if k.startswith("order.")}
+        assert got == {"order.a": "0", "order.a2": "1", "order.b": "2"}
+        assert "hook chain: 10-a, 20-a2, 20-b" in proc.log()
+
+
+def test_conflict_fails_the_call_naming_both_hooks(
+    containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
+) -> None:
+    config = f"""
+[hooks]
+order = ["10-mine"]
+[hooks.mine]
+module = "crihook.hooks.examples.annotate:AnnotateHook"
+key = "{KEY}"
+value = "in-process"
+"""
+    with _crihook(containerd, config) as proc:
+        _install(proc, plugin, "20-annotate", "fail")
+        _wait_plugin_connected(proc, "20-annotate")
+        with pytest.raises(PodStartError) as err:
+            _run(proc, containerd, "conflict")
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "'10-mine'" in err.value.details and "'20-annotate'" in err.value.details
+        assert KEY in err.value.details
+
+
+def test_precedence_settles_a_conflict(
+    containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
+) -> None:
+    config = f"""
+[hooks]
+order = ["10-mine"]
+conflict = "precedence"
+precedence = ["annotate", "mine"]
+[hooks.mine]
+module = "crihook.hooks.examples.annotate:AnnotateHook"
+key = "{KEY}"
+value = "in-process"
+"""
+    with _crihook(containerd, config) as proc:
+        _install(proc, plugin, "20-annotate", "fail")
+        _wait_plugin_connected(proc, "20-annotate")
+        handle = _run(proc, containerd, "precedence")
+        status, _ = _container(containerd, handle.container_ids["app"])
+        assert status.annotations[KEY] == "by-plugin"
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_plugin_down_or_hung_with_ignore_goes_on_without_it(
+    containerd: Containerd, pod_cleanup: PodCleanup, fault: str
+) -> None:
+    plugin = Plugin("--delay-ms", "5000") if fault == "hung" else Plugin()
+    plugin.start()
+    try:
+        with _crihook(containerd) as proc:
+            _install(proc, plugin, "50-annotate", "ignore", timeout_ms=300)
+            _wait_plugin_connected(proc, "50-annotate")
+            if fault == "killed":
+                plugin.stop(9)
+                _wait_plugin_connected(proc, "50-annotate", connected=False)
+            handle = _run(proc, containerd, f"ignore-{fault}")
+            status, _ = _container(containerd, handle.container_ids["app"])
+            assert KEY not in status.annotations
+            # status.json is rewritten shortly after each call
+            wait_for(lambda: _counters(proc).get("ignored", 0) >= 1, 10, "the ignored count")
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("killed", grpc.StatusCode.UNAVAILABLE), ("hung", grpc.StatusCode.DEADLINE_EXCEEDED)],
+)
+def test_plugin_down_or_hung_with_fail_fails_the_call_naming_it(
+    containerd: Containerd, pod_cleanup: PodCleanup, fault: str, code: grpc.StatusCode
+) -> None:
+    plugin = Plugin("--delay-ms", "5000") if fault == "hung" else Plugin()
+    plugin.start()
+    try:
+        with _crihook(containerd) as proc:
+            _install(proc, plugin, "50-annotate", "fail", timeout_ms=300)
+            _wait_plugin_connected(proc, "50-annotate")
+            if fault == "killed":
+                plugin.stop(9)
+                _wait_plugin_connected(proc, "50-annotate", connected=False)
+            with pytest.raises(PodStartError) as err:
+                _run(proc, containerd, f"fail-{fault}")
+            assert err.value.code == code
+            assert "'50-annotate'" in err.value.details
+    finally:
+        plugin.stop()
+
+
+def test_breaker_skips_a_failing_plugin_then_reprobes_it(
+    containerd: Containerd, pod_cleanup: PodCleanup
+) -> None:
+    plugin = Plugin("--fail").start()
+    try:
+        with _crihook(containerd) as proc:
+            _install(proc, plugin, "50-annotate", "ignore", breaker_threshold=2,
+                     breaker_reset_seconds=2)  # fmt: skip
+            _wait_plugin_connected(proc, "50-annotate")
+            for i in range(4):
+                _run(proc, containerd, f"breaker-{i}")
+            wait_for(lambda: _counters(proc).get("skipped") == 2, 10, "two skipped calls")
+            assert _counters(proc)["calls"] == 2
+            plugin.stop()
+            healthy = Plugin(value="healed").start()
+            try:
+                _install(proc, healthy, "50-annotate", "ignore", breaker_threshold=2,
+                         breaker_reset_seconds=2, timeout_ms=1000)  # fmt: skip
+                _wait_plugin_connected(proc, "50-annotate")
+                time.sleep(2.1)  # the open circuit's reset time
+                handle = _run(proc, containerd, "breaker-healed")
+                status, _ = _container(containerd, handle.container_ids["app"])
+                assert status.annotations[KEY] == "healed"
+            finally:
+                healthy.stop()
+    finally:
+        plugin.stop()
+
+
+def test_dropins_added_changed_removed_without_restart(
+    containerd: Containerd, pod_cleanup: PodCleanup
+) -> None:
+    first, second = Plugin(value="one").start(), Plugin(value="two").start()
+    try:
+        with _crihook(containerd) as proc:
+            handle = _run(proc, containerd, "reload-0")
+            assert KEY not in _container(containerd, handle.container_ids["app"])[0].annotations
+            path = _install(proc, first, "50-annotate", "fail")
+            _wait_plugin_connected(proc, "50-annotate")
+            handle = _run(proc, containerd, "reload-1")
+            assert _container(containerd, handle.container_ids["app"])[0].annotations[KEY] == "one"
+            path.write_text(second.dropin("50-annotate", "fail"))
+            wait_for(lambda: "plugin 50-annotate reloaded" in proc.log(), 10, "reload")
+            _wait_plugin_connected(proc, "50-annotate")
+            handle = _run(proc, containerd, "reload-2")
+            assert _container(containerd, handle.container_ids["app"])[0].annotations[KEY] == "two"
+            path.unlink()
+            wait_for(lambda: "plugin 50-annotate removed" in proc.log(), 10, "removal")
+            handle = _run(proc, containerd, "reload-3")
+            assert KEY not in _container(containerd, handle.container_ids["app"])[0].annotations
+            (proc.plugins_dir / "bad.toml").write_text('name = "nope"\n')
+            wait_for(lambda: "bad.toml name" in proc.log(), 10, "the bad drop-in to be reported")
+            assert proc.proc is not None and proc.proc.poll() is None
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_restart_rebuilds_the_store_from_containerd_and_disk(
+    containerd: Containerd, pod_cleanup: PodCleanup
+) -> None:
+    config = """
+[hooks]
+order = ["10-seen"]
+[hooks.seen]
+module = "tests.lab.sample_hooks:SetState"
+"""
+    workdir = short_tmpdir()
+    proc = CrihookProcess(containerd.endpoint, workdir=workdir, config=config, hooks=None).start()
+    handle = _run(proc, containerd, "restart")
+    cid = handle.container_ids["app"]
+    assert proc.stop() == 0
+    # Kept on disk: the hook's state; gone from disk: a pod made while crihook was down.
+    with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as direct:
+        behind_its_back = direct.run_pod(_spec("made-directly"))
+        direct.remove_pod(handle)
+    store = json.loads((workdir / "state/store.json").read_text())
+    assert cid in store["containers"]
+    proc = CrihookProcess(containerd.endpoint, workdir=workdir, config=config, hooks=None).start()
+    try:
+        state = _state(proc)
+        assert cid not in state["containers"]  # removed while crihook was down: dropped
+        assert handle.sandbox_id not in state["pods"]
+        rebuilt = state["pods"][behind_its_back.sandbox_id]["view"]
+        assert rebuilt["name"] == "made-directly"
+        assert rebuilt["cgroup_parent"] == behind_its_back.cgroup_parent
+        assert rebuilt["qos_class"] == "Burstable"
+        assert behind_its_back.container_ids["app"] in state["containers"]
+        assert state["hook_states"]["seen"] == {"seen": ["restart/app"]}
+    finally:
+        assert proc.stop() == 0
+
+
+def test_dry_run_changes_nothing(
+    containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
+) -> None:
+    with _crihook(containerd, CHAIN, args=("--dry-run",)) as proc:
+        _install(proc, plugin, "20-annotate", "fail")
+        _wait_plugin_connected(proc, "20-annotate")
+        handle = _run(proc, containerd, "dry-run")
+        status, info = _container(containerd, handle.container_ids["app"])
+        assert KEY not in status.annotations
+        assert not any(e.startswith("FROM_HOOK=") for e in info["runtimeSpec"]["process"]["env"])
+        assert status.resources.linux.cpu_shares == 256
+        log = proc.log()
+        for hook in ("10-env", "20-annotate", "30-shares"):
+            assert f"dry-run: {hook} would apply" in log
+
+
+@pytest.mark.parametrize("insecure", ["world-writable", "not-root"])
+def test_insecure_plugin_socket_is_refused(
+    containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin, insecure: str
+) -> None:
+    if insecure == "world-writable":
+        os.chmod(plugin.socket, 0o666)
+    else:
+        os.chown(plugin.socket, 65534, -1)
+    with _crihook(containerd) as proc:
+        _install(proc, plugin, "50-annotate", "fail")
+        wait_for(lambda: "50-annotate" in json.dumps(_state(proc).get("status") or {}), 10,
+                 "the plugin to be listed")  # fmt: skip
+        time.sleep(1.0)
+        hook = _state(proc)["status"]["hooks"][0]
+        assert hook["connected"] is False
+        with pytest.raises(PodStartError) as err:
+            _run(proc, containerd, f"insecure-{insecure}")
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "refus" in err.value.details or "owned" in err.value.details
