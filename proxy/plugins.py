@@ -44,7 +44,11 @@ def parse_dropin(path: Path, text: str) -> HookSettings:
         raise ConfigError(f"{where} endpoint", "missing (unix:///path of the plugin's socket)")
     if "module" in doc:
         raise ConfigError(f"{where} module", "drop-ins name plugins by endpoint, not module")
-    return parse_hook_settings(where, name, doc)
+    settings = parse_hook_settings(where, name, doc)
+    if settings.options:
+        # The plugin protocol carries no options: a key here would silently do nothing.
+        raise ConfigError(f"{where} {sorted(settings.options)[0]}", "unknown setting")
+    return settings
 
 
 @dataclass

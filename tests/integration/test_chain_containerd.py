@@ -39,10 +39,21 @@ class Plugin:
         self.socket.unlink(missing_ok=True)
         with open(self.dir / "plugin.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "crihook.hooks.examples.annotate", "--socket",
-                 str(self.socket), "--key", self.key, "--value", self.value, *self.extra],
-                stdout=log, stderr=log,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "crihook.hooks.examples.annotate",
+                    "--socket",
+                    str(self.socket),
+                    "--key",
+                    self.key,
+                    "--value",
+                    self.value,
+                    *self.extra,
+                ],
+                stdout=log,
+                stderr=log,
+            )
         wait_for(self.socket.exists, 10, "the plugin's socket")
         return self
 
@@ -53,8 +64,12 @@ class Plugin:
         self.proc = None
 
     def dropin(self, name: str, policy: str, timeout_ms: int = 1000, **more: object) -> str:
-        lines = [f'name = "{name}"', f'endpoint = "unix://{self.socket}"',
-                 f'failure_policy = "{policy}"', f"timeout_ms = {timeout_ms}"]  # fmt: skip
+        lines = [
+            f'name = "{name}"',
+            f'endpoint = "unix://{self.socket}"',
+            f'failure_policy = "{policy}"',
+            f"timeout_ms = {timeout_ms}",
+        ]
         lines += [f"{k} = {json.dumps(v)}" for k, v in more.items()]
         return "\n".join(lines) + "\n"
 
@@ -81,8 +96,9 @@ def _install(proc: CrihookProcess, plugin: Plugin, name: str, policy: str, **kw:
 def _wait_plugin_connected(proc: CrihookProcess, name: str, connected: bool = True) -> None:
     def check() -> bool:
         status = _state(proc).get("status") or {}
-        return any(h["name"] == name and h["connected"] is connected
-                   for h in status.get("hooks", []))  # fmt: skip
+        return any(
+            h["name"] == name and h["connected"] is connected for h in status.get("hooks", [])
+        )
 
     wait_for(check, 20, f"plugin {name} connected={connected}\n{proc.log()[-3000:]}")
 
@@ -99,9 +115,18 @@ def _counters(proc: CrihookProcess) -> dict[str, int]:
 
 
 def _spec(name: str) -> PodSpec:
-    return PodSpec(name=name, containers=[ContainerSpec(
-        name="app", cpu_request=250, cpu_limit=500, memory_request=32 * MiB,
-        memory_limit=64 * MiB)])  # fmt: skip
+    return PodSpec(
+        name=name,
+        containers=[
+            ContainerSpec(
+                name="app",
+                cpu_request=250,
+                cpu_limit=500,
+                memory_request=32 * MiB,
+                memory_limit=64 * MiB,
+            )
+        ],
+    )
 
 
 def _run(proc: CrihookProcess, containerd: Containerd, name: str):  # type: ignore[no-untyped-def]
@@ -271,8 +296,9 @@ def test_breaker_skips_a_failing_plugin_then_reprobes_it(
     plugin = Plugin("--fail").start()
     try:
         with _crihook(containerd) as proc:
-            _install(proc, plugin, "50-annotate", "ignore", breaker_threshold=2,
-                     breaker_reset_seconds=2)  # fmt: skip
+            _install(
+                proc, plugin, "50-annotate", "ignore", breaker_threshold=2, breaker_reset_seconds=2
+            )
             _wait_plugin_connected(proc, "50-annotate")
             for i in range(4):
                 _run(proc, containerd, f"breaker-{i}")
@@ -281,8 +307,15 @@ def test_breaker_skips_a_failing_plugin_then_reprobes_it(
             plugin.stop()
             healthy = Plugin(value="healed").start()
             try:
-                _install(proc, healthy, "50-annotate", "ignore", breaker_threshold=2,
-                         breaker_reset_seconds=2, timeout_ms=1000)  # fmt: skip
+                _install(
+                    proc,
+                    healthy,
+                    "50-annotate",
+                    "ignore",
+                    breaker_threshold=2,
+                    breaker_reset_seconds=2,
+                    timeout_ms=1000,
+                )
                 _wait_plugin_connected(proc, "50-annotate")
                 time.sleep(2.1)  # the open circuit's reset time
                 handle = _run(proc, containerd, "breaker-healed")
@@ -384,8 +417,11 @@ def test_insecure_plugin_socket_is_refused(
         os.chown(plugin.socket, 65534, -1)
     with _crihook(containerd) as proc:
         _install(proc, plugin, "50-annotate", "fail")
-        wait_for(lambda: "50-annotate" in json.dumps(_state(proc).get("status") or {}), 10,
-                 "the plugin to be listed")  # fmt: skip
+        wait_for(
+            lambda: "50-annotate" in json.dumps(_state(proc).get("status") or {}),
+            10,
+            "the plugin to be listed",
+        )
         time.sleep(1.0)
         hook = _state(proc)["status"]["hooks"][0]
         assert hook["connected"] is False

@@ -34,8 +34,9 @@ def crihook(containerd: Containerd) -> Iterator[CrihookProcess]:
 
 
 @pytest.fixture
-def via(crihook: CrihookProcess, containerd: Containerd, pod_cleanup: PodCleanup
-        ) -> Iterator[KubeletClient]:  # fmt: skip
+def via(
+    crihook: CrihookProcess, containerd: Containerd, pod_cleanup: PodCleanup
+) -> Iterator[KubeletClient]:
     with KubeletClient(crihook.endpoint, log_root=containerd.pod_log_dir) as client:
         yield client
 
@@ -58,14 +59,33 @@ def both(crihook: CrihookProcess, containerd: Containerd) -> Iterator[tuple[Stub
 def _pod(via: KubeletClient, name: str) -> PodHandle:
     spec = PodSpec(
         name=name,
-        containers=[ContainerSpec(name="app", cpu_request=250, cpu_limit=500,
-                                  memory_request=32 * MiB, memory_limit=64 * MiB)],
-    )  # fmt: skip
+        containers=[
+            ContainerSpec(
+                name="app",
+                cpu_request=250,
+                cpu_limit=500,
+                memory_request=32 * MiB,
+                memory_limit=64 * MiB,
+            )
+        ],
+    )
     return via.run_pod(spec)
 
 
-VOLATILE = frozenset({"cpu", "memory", "writable_layer", "swap", "io", "network", "process",
-                      "timestamp", "used_bytes", "inodes_used"})  # fmt: skip
+VOLATILE = frozenset(
+    {
+        "cpu",
+        "memory",
+        "writable_layer",
+        "swap",
+        "io",
+        "network",
+        "process",
+        "timestamp",
+        "used_bytes",
+        "inodes_used",
+    }
+)
 
 
 def _strip_volatile(message: Any) -> Any:
@@ -116,25 +136,48 @@ READ_ONLY = [
     ("rt", "Version", lambda h: api_pb2.VersionRequest()),
     ("rt", "Status", lambda h: api_pb2.StatusRequest(verbose=False)),
     ("rt", "ListPodSandbox", lambda h: api_pb2.ListPodSandboxRequest()),
-    ("rt", "PodSandboxStatus",
-     lambda h: api_pb2.PodSandboxStatusRequest(pod_sandbox_id=h.sandbox_id)),
+    (
+        "rt",
+        "PodSandboxStatus",
+        lambda h: api_pb2.PodSandboxStatusRequest(pod_sandbox_id=h.sandbox_id),
+    ),
     ("rt", "ListContainers", lambda h: api_pb2.ListContainersRequest()),
-    ("rt", "ContainerStatus",
-     lambda h: api_pb2.ContainerStatusRequest(container_id=h.container_ids["app"])),
-    ("rt", "ContainerStats",
-     lambda h: api_pb2.ContainerStatsRequest(container_id=h.container_ids["app"])),
+    (
+        "rt",
+        "ContainerStatus",
+        lambda h: api_pb2.ContainerStatusRequest(container_id=h.container_ids["app"]),
+    ),
+    (
+        "rt",
+        "ContainerStats",
+        lambda h: api_pb2.ContainerStatsRequest(container_id=h.container_ids["app"]),
+    ),
     ("rt", "ListContainerStats", lambda h: api_pb2.ListContainerStatsRequest()),
-    ("rt", "PodSandboxStats",
-     lambda h: api_pb2.PodSandboxStatsRequest(pod_sandbox_id=h.sandbox_id)),
+    (
+        "rt",
+        "PodSandboxStats",
+        lambda h: api_pb2.PodSandboxStatsRequest(pod_sandbox_id=h.sandbox_id),
+    ),
     ("rt", "ListPodSandboxStats", lambda h: api_pb2.ListPodSandboxStatsRequest()),
-    ("rt", "ExecSync", lambda h: api_pb2.ExecSyncRequest(
-        container_id=h.container_ids["app"], cmd=["sh", "-c", "echo out; echo err >&2; exit 3"],
-        timeout=10)),
+    (
+        "rt",
+        "ExecSync",
+        lambda h: api_pb2.ExecSyncRequest(
+            container_id=h.container_ids["app"],
+            cmd=["sh", "-c", "echo out; echo err >&2; exit 3"],
+            timeout=10,
+        ),
+    ),
     ("img", "ListImages", lambda h: api_pb2.ListImagesRequest()),
-    ("img", "ImageStatus", lambda h: api_pb2.ImageStatusRequest(
-        image=api_pb2.ImageSpec(image="localhost/crihook/busybox:1.35"))),
+    (
+        "img",
+        "ImageStatus",
+        lambda h: api_pb2.ImageStatusRequest(
+            image=api_pb2.ImageSpec(image="localhost/crihook/busybox:1.35")
+        ),
+    ),
     ("img", "ImageFsInfo", lambda h: api_pb2.ImageFsInfoRequest()),
-]  # fmt: skip
+]
 
 
 def test_read_only_methods_equal_through_crihook_and_directly(
@@ -155,24 +198,30 @@ def test_read_only_methods_equal_through_crihook_and_directly(
     assert (out.stdout, out.stderr, out.exit_code) == (b"out\n", b"err\n", 3)
 
 
-def test_streaming_urls_and_runtime_config_calls(via: KubeletClient, both: tuple[Stubs, Stubs]
-                                                 ) -> None:  # fmt: skip
+def test_streaming_urls_and_runtime_config_calls(
+    via: KubeletClient, both: tuple[Stubs, Stubs]
+) -> None:
     handle = _pod(via, "urls")
     _, proxied = both
     cid = handle.container_ids["app"]
-    exec_url = proxied.rt.Exec(api_pb2.ExecRequest(container_id=cid, cmd=["sh"], stdout=True),
-                               timeout=10).url  # fmt: skip
-    attach_url = proxied.rt.Attach(api_pb2.AttachRequest(container_id=cid, stdout=True),
-                                   timeout=10).url  # fmt: skip
+    exec_url = proxied.rt.Exec(
+        api_pb2.ExecRequest(container_id=cid, cmd=["sh"], stdout=True), timeout=10
+    ).url
+    attach_url = proxied.rt.Attach(
+        api_pb2.AttachRequest(container_id=cid, stdout=True), timeout=10
+    ).url
     pf_url = proxied.rt.PortForward(
         api_pb2.PortForwardRequest(pod_sandbox_id=handle.sandbox_id, port=[80]), timeout=10
     ).url
     for url, kind in ((exec_url, "exec"), (attach_url, "attach"), (pf_url, "portforward")):
         assert url.startswith("http://127.0.0.1:") and f"/{kind}/" in url
     proxied.rt.ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id=cid), timeout=10)
-    proxied.rt.UpdateRuntimeConfig(api_pb2.UpdateRuntimeConfigRequest(
-        runtime_config=api_pb2.RuntimeConfig(network_config=api_pb2.NetworkConfig(pod_cidr=""))),
-        timeout=10)  # fmt: skip
+    proxied.rt.UpdateRuntimeConfig(
+        api_pb2.UpdateRuntimeConfigRequest(
+            runtime_config=api_pb2.RuntimeConfig(network_config=api_pb2.NetworkConfig(pod_cidr=""))
+        ),
+        timeout=10,
+    )
 
 
 def test_update_container_resources_through_crihook(
@@ -181,10 +230,15 @@ def test_update_container_resources_through_crihook(
     handle = _pod(via, "update")
     direct, proxied = both
     cid = handle.container_ids["app"]
-    proxied.rt.UpdateContainerResources(api_pb2.UpdateContainerResourcesRequest(
-        container_id=cid, linux=api_pb2.LinuxContainerResources(
-            cpu_shares=512, cpu_period=100000, cpu_quota=80000, memory_limit_in_bytes=96 * MiB)),
-        timeout=30)  # fmt: skip
+    proxied.rt.UpdateContainerResources(
+        api_pb2.UpdateContainerResourcesRequest(
+            container_id=cid,
+            linux=api_pb2.LinuxContainerResources(
+                cpu_shares=512, cpu_period=100000, cpu_quota=80000, memory_limit_in_bytes=96 * MiB
+            ),
+        ),
+        timeout=30,
+    )
     res = direct.rt.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=cid)).status
     assert (res.resources.linux.cpu_shares, res.resources.linux.cpu_quota) == (512, 80000)
     cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / cid / "cpu.shares"
@@ -193,9 +247,22 @@ def test_update_container_resources_through_crihook(
 
 def test_remove_image_through_crihook(containerd: Containerd, both: tuple[Stubs, Stubs]) -> None:
     ref = "localhost/crihook/throwaway:1"
-    subprocess.run(["ctr", "--address", str(containerd.socket_path), "-n", "k8s.io", "images",
-                    "tag", "--force", "localhost/crihook/busybox:1.35", ref],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "ctr",
+            "--address",
+            str(containerd.socket_path),
+            "-n",
+            "k8s.io",
+            "images",
+            "tag",
+            "--force",
+            "localhost/crihook/busybox:1.35",
+            ref,
+        ],
+        check=True,
+        capture_output=True,
+    )
     direct, proxied = both
     spec = api_pb2.ImageSpec(image=ref)
     assert direct.img.ImageStatus(api_pb2.ImageStatusRequest(image=spec)).image.id
@@ -206,8 +273,12 @@ def test_remove_image_through_crihook(containerd: Containerd, both: tuple[Stubs,
         containerd.import_images()  # CRI removes the image by id: every tag of it went
 
 
-UNIMPLEMENTED_IN_16 = ["RuntimeConfig", "ListMetricDescriptors", "CheckpointContainer",
-                       "UpdatePodSandboxResources"]  # fmt: skip
+UNIMPLEMENTED_IN_16 = [
+    "RuntimeConfig",
+    "ListMetricDescriptors",
+    "CheckpointContainer",
+    "UpdatePodSandboxResources",
+]
 
 
 @pytest.mark.parametrize("method", UNIMPLEMENTED_IN_16)
@@ -240,8 +311,9 @@ def test_unknown_fields_reach_containerd_and_are_accepted(
     config = api_pb2.ContainerConfig()
     config.CopyFrom(handle.container_configs["app"])
     config.metadata.name = "second"
-    request = api_pb2.CreateContainerRequest(pod_sandbox_id=handle.sandbox_id, config=config,
-                                             sandbox_config=handle.sandbox_config)  # fmt: skip
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=handle.sandbox_id, config=config, sandbox_config=handle.sandbox_config
+    )
     raw = request.SerializeToString() + b"\xaa\x06\x03new"  # field 101, bytes "new"
     answer = proxied.channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(
         raw, timeout=30
@@ -286,8 +358,12 @@ def test_containerd_killed_and_restarted_under_load(
     assert crihook.proc is not None and crihook.proc.poll() is None
     # What a client talking to containerd directly sees too: connection errors, and
     # containerd's own answer while its CRI plugin starts.
-    unexpected = {d for d in details if not d.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED"))
-                  and d != "UNKNOWN: server is not initialized yet"}  # fmt: skip
+    unexpected = {
+        d
+        for d in details
+        if not d.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+        and d != "UNKNOWN: server is not initialized yet"
+    }
     assert not unexpected
     # The pod survived (the shims outlive containerd) and is still reachable through crihook.
     status = proxied.rt.ContainerStatus(

@@ -115,8 +115,9 @@ def test_image_service_goes_to_a_separate_image_endpoint(fake: FakeRuntime) -> N
 def test_server_streaming_method_is_forwarded_as_a_stream(
     fake: FakeRuntime, proxy: CrihookProcess
 ) -> None:
-    events = [api_pb2.ContainerEventResponse(container_id=f"c{i}").SerializeToString()
-              for i in range(5)]  # fmt: skip
+    events = [
+        api_pb2.ContainerEventResponse(container_id=f"c{i}").SerializeToString() for i in range(5)
+    ]
     fake.script["GetContainerEvents"] = Reply(stream=events)
     with grpc.insecure_channel(proxy.endpoint) as channel:
         got = list(channel.unary_stream(RUNTIME + "GetContainerEvents")(b"", timeout=10))
@@ -261,30 +262,60 @@ def test_non_socket_file_at_listen_path_is_refused(fake: FakeRuntime) -> None:
         ('log_format = "xml"', [], "log_format:"),
         ("socket_mode = 660", [], "socket_mode:"),
         ("shutdown_grace_seconds = -1", [], "shutdown_grace_seconds:"),
-        ('nonsense = 1', [], "nonsense: unknown setting"),
+        ("nonsense = 1", [], "nonsense: unknown setting"),
         ('[hooks]\norder = ["annotate"]', [], "[hooks] order:"),
-        ('[hooks]\norder = ["10-annotate"]\n[hooks.annotate]\nfailure_policy = "maybe"', [],
-         "[hooks.annotate] failure_policy:"),
-        ('[hooks]\norder = ["10-annotate"]\n[hooks.annotate]\ntimeout_ms = "fast"', [],
-         "[hooks.annotate] timeout_ms:"),
-        ("[hooks]\norder = [\"10-annotate\"]", [], "[hooks.annotate]: annotate: option 'key'"),
+        (
+            '[hooks]\norder = ["10-annotate"]\n[hooks.annotate]\nfailure_policy = "maybe"',
+            [],
+            "[hooks.annotate] failure_policy:",
+        ),
+        (
+            '[hooks]\norder = ["10-annotate"]\n[hooks.annotate]\ntimeout_ms = "fast"',
+            [],
+            "[hooks.annotate] timeout_ms:",
+        ),
+        ('[hooks]\norder = ["10-annotate"]', [], "[hooks.annotate]: annotate: option 'key'"),
         ("listen = ", [], "--config:"),
         ("", ["--runtime-endpoint", "tcp://1.2.3.4:1"], "--runtime-endpoint:"),
         ("", ["--hooks", "cpuset"], "--hooks:"),
         ("", ["--log-level", "loud"], "--log-level"),
         ("", ["--state-dir", "rel/dir"], "--state-dir:"),
     ],
-    ids=["listen", "log-format", "socket-mode-int", "grace", "unknown-key", "hook-name",
-         "failure-policy", "timeout", "hook-options", "toml-syntax", "endpoint-flag",
-         "hooks-flag", "log-level-flag", "state-dir-flag"],
-)  # fmt: skip
+    ids=[
+        "listen",
+        "log-format",
+        "socket-mode-int",
+        "grace",
+        "unknown-key",
+        "hook-name",
+        "failure-policy",
+        "timeout",
+        "hook-options",
+        "toml-syntax",
+        "endpoint-flag",
+        "hooks-flag",
+        "log-level-flag",
+        "state-dir-flag",
+    ],
+)
 def test_bad_config_is_one_line_naming_the_setting_and_exit_2(
     toml: str, flags: list[str], named: str
 ) -> None:
     workdir = short_tmpdir()
     (workdir / "c.toml").write_text(toml)
-    cmd = [sys.executable, "-m", "crihook", "serve", "--config", str(workdir / "c.toml"),
-           "--listen", f"unix://{workdir}/c.sock", "--state-dir", str(workdir / "s"), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "crihook",
+        "serve",
+        "--config",
+        str(workdir / "c.toml"),
+        "--listen",
+        f"unix://{workdir}/c.sock",
+        "--state-dir",
+        str(workdir / "s"),
+        *flags,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -297,7 +328,9 @@ def test_missing_explicit_config_file_is_an_error() -> None:
     workdir = short_tmpdir()
     done = subprocess.run(
         [sys.executable, "-m", "crihook", "serve", "--config", str(workdir / "absent.toml")],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 2
     assert "does not exist" in done.stderr

@@ -61,9 +61,22 @@ class CrihookProcess:
         return f"unix://{self.socket_path}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "crihook", "serve", "--listen", self.endpoint,
-               "--runtime-endpoint", self.runtime_endpoint, "--state-dir", str(self.state_dir),
-               "--plugins-dir", str(self.plugins_dir), "--log-level", "debug"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "crihook",
+            "serve",
+            "--listen",
+            self.endpoint,
+            "--runtime-endpoint",
+            self.runtime_endpoint,
+            "--state-dir",
+            str(self.state_dir),
+            "--plugins-dir",
+            str(self.plugins_dir),
+            "--log-level",
+            "debug",
+        ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]
         else:
@@ -77,12 +90,14 @@ class CrihookProcess:
 
     def start(self, wait: bool = True, ready: bool = True) -> CrihookProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log,
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, start_new_session=True)
         log.close()
         if wait:
-            wait_for(lambda: self.socket_path.exists() or self.proc.poll() is not None, 15,  # type: ignore[union-attr]
-                     "crihook's socket")  # fmt: skip
+            wait_for(
+                lambda: self.socket_path.exists() or self.proc.poll() is not None,
+                15,  # type: ignore[union-attr]
+                "crihook's socket",
+            )
             if self.proc.poll() is not None:
                 raise AssertionError(f"crihook exited {self.proc.returncode}:\n{self.log()}")
             if ready:

@@ -79,10 +79,17 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
     spec = PodSpec(
         name="demo",
         namespace="default",
-        containers=[ContainerSpec(name="app", command=["sleep", "3600"], cpu_request=250,
-                                  cpu_limit=500, memory_request=32 * MiB,
-                                  memory_limit=64 * MiB)],
-    )  # fmt: skip
+        containers=[
+            ContainerSpec(
+                name="app",
+                command=["sleep", "3600"],
+                cpu_request=250,
+                cpu_limit=500,
+                memory_request=32 * MiB,
+                memory_limit=64 * MiB,
+            )
+        ],
+    )
     with KubeletClient(crihook.endpoint, log_root=lab.pod_log_dir) as kubelet:
         _say("running pod default/demo through crihook (as kubelet would)")
         handle = kubelet.run_pod(spec)
@@ -96,11 +103,15 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
         _say("what containerd has (asked directly, not through crihook)")
         print(f"state       {api_pb2.ContainerState.Name(status.status.state)}")
         ann = status.status.annotations
-        print(f"annotation  demo.crihook.io/seen-by = {ann.get('demo.crihook.io/seen-by')!r}"
-              "   <- added by the annotate hook")  # fmt: skip
+        print(
+            f"annotation  demo.crihook.io/seen-by = {ann.get('demo.crihook.io/seen-by')!r}"
+            "   <- added by the annotate hook"
+        )
         res = status.status.resources.linux
-        print(f"resources   cpu_shares={res.cpu_shares} cpu_quota={res.cpu_quota} "
-              f"memory_limit={res.memory_limit_in_bytes}")  # fmt: skip
+        print(
+            f"resources   cpu_shares={res.cpu_shares} cpu_quota={res.cpu_quota} "
+            f"memory_limit={res.memory_limit_in_bytes}"
+        )
         info = json.loads(status.info.get("info", "{}"))
         pid = info.get("pid")
         if pid:
@@ -109,8 +120,11 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
             oom = Path(f"/proc/{pid}/oom_score_adj").read_text().strip()
             print(f"host        pid {pid}, cpu.shares={shares}, oom_score_adj={oom}")
     _say("crihook state")
-    out = subprocess.run([sys.executable, "-m", "crihook", "state", "--state-dir",
-                          str(crihook.state_dir)], capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "crihook", "state", "--state-dir", str(crihook.state_dir)],
+        capture_output=True,
+        text=True,
+    )
     print(out.stdout or out.stderr)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 from types import MappingProxyType
 
 import pytest
+from google.protobuf.message import Message
 
 from crihook.api.hook.v1 import hook_pb2
 from crihook.hooks.remote import convert
@@ -375,7 +376,7 @@ FIELD_PAIRS = [
 @pytest.mark.parametrize(
     ("message", "view"), [p[1:] for p in FIELD_PAIRS], ids=[p[0] for p in FIELD_PAIRS]
 )
-def test_view_and_message_fields_match(message: type, view: type) -> None:
+def test_view_and_message_fields_match(message: type[Message], view: type) -> None:
     # Decoding maps message fields to dataclass fields by name.
     assert [f.name for f in message.DESCRIPTOR.fields] == [f.name for f in dataclasses.fields(view)]
 

@@ -197,14 +197,16 @@ class StageRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., event: _Optional[_Union[Event, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class StageResponse(_message.Message):
-    __slots__ = ("seq", "adjustment", "reject_reason")
+    __slots__ = ("seq", "adjustment", "reject_reason", "error")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENT_FIELD_NUMBER: _ClassVar[int]
     REJECT_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     seq: int
     adjustment: Adjustment
     reject_reason: str
-    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ...) -> None: ...
+    error: str
+    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("container_path", "host_path", "permissions")

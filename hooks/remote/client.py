@@ -1,0 +1,529 @@
+"""RemoteHook: the chain's side of one out-of-process plugin (a gRPC server on a unix socket).
+
+    start() ─► connect loop (background task, backoff 0.1 s → 5 s):
+                 check the socket (owned by root, not world-writable)
+                 → Configure → subscriptions → Synchronize(snapshot()) → open the Stream
+               ─► wait until the connection is lost ─► reconnect
+    call(ctx) ─► one StageRequest on the Stream (matched by seq), or the stage's unary RPC
+                 when the plugin does not implement Stream
+
+Errors are built-in exceptions, for the chain to map to gRPC statuses naming the hook:
+ConnectionError (not connected, the stream broke), TimeoutError (no answer within
+ctx.timeout), Reject (the plugin refused), RuntimeError (the plugin failed: an exception in
+it), ValueError (its adjustment is invalid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+import tenacity
+
+from crihook import __version__
+from crihook.api.hook.v1 import hook_pb2
+from crihook.hooks.remote.convert import (
+    adjustment_from_proto,
+    container_to_proto,
+    event_to_proto,
+    pod_to_proto,
+    stage_to_proto,
+    subscriptions_from_proto,
+    update_from_proto,
+)
+from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
+from crihook.hooks.spec.errors import Reject
+from crihook.hooks.spec.events import Event, Stage
+from crihook.hooks.spec.hook import HookContext
+from crihook.hooks.spec.views import ContainerView, PodView
+from crihook.proxy.config import HookSettings
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "RemoteHook",
+    "Snapshot",
+    "StageRequestEncoder",
+    "SyncUpdatesHandler",
+    "check_socket",
+    "stage_rpc_name",
+]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "v1"
+SERVICE = "crihook.hook.v1.Plugin"
+CONFIGURE_TIMEOUT = 2.0
+SYNCHRONIZE_TIMEOUT = 10.0
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
+TRUSTED_UID = 0
+# A connection lost sooner than this counts as a flap: the next reconnect waits (backoff),
+# so a plugin whose stream dies at once is not hammered with Configure/Synchronize.
+FLAP_SECONDS = 1.0
+
+_MAX_MESSAGE = 64 << 20  # a Synchronize of a busy node can exceed gRPC's 4 MiB default
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    # Our own connection per plugin: never share a subchannel with another RemoteHook.
+    ("grpc.use_local_subchannel_pool", 1),
+    # An idle channel would go IDLE and reconnect silently, skipping the socket check.
+    ("grpc.client_idle_timeout_ms", 2**31 - 1),
+)
+
+Snapshot = Callable[[], tuple[Sequence[PodView], Sequence[ContainerView]]]
+"""What crihook knows (pods, containers), sent to the plugin on every (re)connect."""
+SyncUpdatesHandler = Callable[[str, tuple[ContainerUpdate, ...]], Awaitable[None]]
+"""Receives (hook name, updates) a plugin asked for in its Synchronize answer."""
+
+
+def stage_rpc_name(event: Event, stage: Stage) -> str:
+    """The unary RPC of a stage: `PreCreateContainer`, ..."""
+    return stage.value.capitalize() + event.value
+
+
+def check_socket(path: str, trusted_uid: int = TRUSTED_UID) -> str | None:
+    """Why crihook must not connect to this socket, or None if it may.
+
+    A plugin adjusts containers as root sees fit; a socket someone else could have created
+    or could replace would let them do the same."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"socket {path} does not exist (is the plugin running?)"
+    except OSError as exc:
+        return f"cannot stat socket {path}: {exc.strerror}"
+    if not stat.S_ISSOCK(st.st_mode):
+        return f"{path} is not a unix socket"
+    if st.st_uid != trusted_uid:
+        return f"refusing socket {path}: owned by uid {st.st_uid}, not uid {trusted_uid}"
+    if st.st_mode & 0o002:
+        return f"refusing socket {path}: world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    # Whoever can write the directory can swap the socket between this check and connect().
+    parent = os.path.dirname(path) or "."
+    dst = os.stat(parent)
+    if dst.st_uid != trusted_uid or dst.st_mode & 0o002:
+        return (
+            f"refusing socket {path}: its directory {parent} is owned by uid {dst.st_uid} "
+            f"with mode {stat.S_IMODE(dst.st_mode):04o} (needs uid {trusted_uid}, "
+            "not world-writable)"
+        )
+    return None
+
+
+# --- StageRequest encoding ---------------------------------------------------------------------
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _bytes_field(tag: bytes, data: bytes) -> bytes:
+    return tag + _varint(len(data)) + data
+
+
+def _tag(field_number: int) -> bytes:
+    return _varint(field_number << 3 | 2)  # wire type 2: length-delimited
+
+
+_POD_TAG = _tag(hook_pb2.StageRequest.POD_FIELD_NUMBER)
+_CONTAINER_TAG = _tag(hook_pb2.StageRequest.CONTAINER_FIELD_NUMBER)
+_REQUEST_TAG = _tag(hook_pb2.StageRequest.REQUEST_FIELD_NUMBER)
+_RESPONSE_TAG = _tag(hook_pb2.StageRequest.RESPONSE_FIELD_NUMBER)
+_EVENTS = {e: event_to_proto(e) for e in Event}
+_STAGES = {s: stage_to_proto(s) for s in Stage}
+_CACHE_SIZE = 256
+
+
+class StageRequestEncoder:
+    """Builds serialized StageRequests by concatenating encoded fields (a message is the
+    concatenation of its fields): the CRI request and response are appended as bytes, and
+    pod and container are encoded once per view object (views are frozen, and one view is
+    sent to every plugin of a call and for every call of a pod)."""
+
+    def __init__(self) -> None:
+        self._views: dict[int, tuple[object, bytes]] = {}
+
+    def encode(self, seq: int, ctx: HookContext) -> bytes:
+        head = hook_pb2.StageRequest(
+            seq=seq,
+            event=_EVENTS[ctx.event],
+            stage=_STAGES[ctx.stage],
+            timeout_ms=min(max(1, int(ctx.timeout * 1000)), 2**32 - 1),
+        )
+        parts = [head.SerializeToString(), self._view(_POD_TAG, ctx.pod)]
+        if ctx.container is not None:
+            parts.append(self._view(_CONTAINER_TAG, ctx.container))
+        parts.append(_bytes_field(_REQUEST_TAG, ctx.request_bytes()))
+        if ctx.response is not None:
+            parts.append(_bytes_field(_RESPONSE_TAG, ctx.response.SerializeToString()))
+        return b"".join(parts)
+
+    def _view(self, tag: bytes, view: PodView | ContainerView) -> bytes:
+        hit = self._views.get(id(view))
+        if hit is not None and hit[0] is view:  # the view is kept alive, so its id is its own
+            return hit[1]
+        msg = pod_to_proto(view) if isinstance(view, PodView) else container_to_proto(view)
+        data = _bytes_field(tag, msg.SerializeToString())
+        if len(self._views) >= _CACHE_SIZE:
+            del self._views[next(iter(self._views))]  # the oldest
+        self._views[id(view)] = (view, data)
+        return data
+
+
+def _result(response: hook_pb2.StageResponse) -> Adjustment | None:
+    if response.reject_reason:
+        raise Reject(response.reject_reason)
+    if response.error:
+        raise RuntimeError(f"plugin failed: {response.error}")
+    if not response.HasField("adjustment"):
+        return None
+    try:
+        adjustment = adjustment_from_proto(response.adjustment)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"plugin returned an invalid adjustment: {exc}") from exc
+    return adjustment or None
+
+
+# --- one live connection -----------------------------------------------------------------------
+class _UseUnary(Exception):
+    """The plugin has no Stream: the call never reached a handler, send it unary."""
+
+
+class _Connection:
+    """A configured, synchronized channel; lost for good once `lost` is set."""
+
+    def __init__(self, name: str, channel: grpc.aio.Channel, encoder: StageRequestEncoder) -> None:
+        self.name = name
+        self.channel = channel
+        self._encode = encoder.encode
+        self.lost = asyncio.Event()
+        self.reason = ""
+        self.since = time.monotonic()
+        self.streaming = True
+        self._seq = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[hook_pb2.StageResponse]] = {}
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stream: grpc.aio.StreamStreamCall | None = None
+        # Multicallables built once: a call only serializes and sends.
+        self._open_stream = channel.stream_stream(
+            f"/{SERVICE}/Stream", response_deserializer=hook_pb2.StageResponse.FromString
+        )
+        self._unary = {
+            (e, s): channel.unary_unary(
+                f"/{SERVICE}/{stage_rpc_name(e, s)}",
+                response_deserializer=hook_pb2.StageResponse.FromString,
+            )
+            for e in Event
+            for s in Stage
+        }
+
+    def open_stream(self) -> None:
+        self._stream = self._open_stream()  # reader/writer style: bytes in, messages out
+        self._spawn(self._read(self._stream), "reader")
+        self._spawn(self._write(self._stream), "writer")
+
+    def _spawn(self, coro: Awaitable[None], role: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"crihook-plugin-{self.name}-{role}")
+        self._tasks.append(task)
+
+    def lose(self, reason: str) -> None:
+        """Mark the connection dead and fail every call waiting on it."""
+        if self.lost.is_set():
+            return
+        self.reason = reason
+        self.lost.set()
+        self._fail_pending(lambda: ConnectionError(f"plugin connection lost: {reason}"))
+
+    def _fail_pending(self, error: Callable[[], BaseException]) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error())  # one exception per caller: each gets a traceback
+
+    async def close(self) -> None:
+        self.lose("closed")
+        if self._stream is not None:
+            self._stream.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.channel.close()
+
+    # --- the stream ------------------------------------------------------------------------
+    async def _read(self, stream: grpc.aio.StreamStreamCall) -> None:
+        try:
+            while True:
+                response = await stream.read()
+                if response is grpc.aio.EOF:
+                    self.lose("the plugin ended the stream")
+                    return
+                future = self._pending.pop(response.seq, None)
+                if future is not None and not future.done():
+                    future.set_result(response)
+                # else: the caller gave up (timeout) before the answer came
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not self.lost.is_set():
+                self._use_unary()
+            else:
+                self.lose(f"stream broke: {exc.code().name}: {exc.details()}")
+
+    async def _write(self, stream: grpc.aio.StreamStreamCall) -> None:
+        # The only writer: grpc allows one write in flight, and cancelling a write (a caller
+        # timing out) would cancel the whole stream.
+        while True:
+            data = await self._outbox.get()
+            try:
+                await stream.write(data)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                self.lose(f"stream write failed: {exc}")
+                return
+
+    def _use_unary(self) -> None:
+        log.info("plugin %s does not implement Stream; calling it per stage (unary)", self.name)
+        self.streaming = False
+        while not self._outbox.empty():
+            self._outbox.get_nowait()
+        self._fail_pending(_UseUnary)
+        # No stream left to notice a dead plugin: watch the channel instead.
+        self._spawn(self._watch_channel(), "watch")
+
+    async def _watch_channel(self) -> None:
+        state = self.channel.get_state(try_to_connect=False)
+        while state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.CONNECTING):
+            await self.channel.wait_for_state_change(state)
+            state = self.channel.get_state(try_to_connect=False)
+        self.lose(f"channel {state.name.lower()}")
+
+    # --- calls ----------------------------------------------------------------------------------
+    async def call(self, ctx: HookContext) -> Adjustment | None:
+        if self.streaming:
+            try:
+                return await self._call_stream(ctx)
+            except _UseUnary:
+                pass
+        return await self._call_unary(ctx)
+
+    async def _call_stream(self, ctx: HookContext) -> Adjustment | None:
+        seq = next(self._seq)
+        data = self._encode(seq, ctx)
+        future: asyncio.Future[hook_pb2.StageResponse] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        self._outbox.put_nowait(data)
+        try:
+            async with asyncio.timeout(ctx.timeout):
+                response = await future
+        except TimeoutError:
+            raise TimeoutError(f"plugin did not answer within {_ms(ctx.timeout)}") from None
+        finally:
+            self._pending.pop(seq, None)
+        return _result(response)
+
+    async def _call_unary(self, ctx: HookContext) -> Adjustment | None:
+        method = self._unary[(ctx.event, ctx.stage)]
+        try:
+            response = await method(self._encode(0, ctx), timeout=ctx.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._unary_error(exc, ctx) from None
+        return _result(response)
+
+    def _unary_error(self, exc: grpc.aio.AioRpcError, ctx: HookContext) -> Exception:
+        code, details = exc.code(), exc.details()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return TimeoutError(f"plugin did not answer within {_ms(ctx.timeout)}")
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            self.lose(f"{code.name}: {details}")
+            return ConnectionError(f"plugin connection lost: {code.name}: {details}")
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return RuntimeError(f"plugin does not implement {stage_rpc_name(ctx.event, ctx.stage)}")
+        return RuntimeError(f"plugin failed: {code.name}: {details}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+class _ConnectFailed(Exception):
+    pass
+
+
+# --- the hook ----------------------------------------------------------------------------------
+class RemoteHook:
+    """One out-of-process plugin as a ChainHook. Connection problems never raise from
+    start(); they show in `connected`/`last_error` and fail calls with ConnectionError."""
+
+    def __init__(
+        self,
+        settings: HookSettings,
+        snapshot: Snapshot,
+        *,
+        on_sync_updates: SyncUpdatesHandler | None = None,
+    ) -> None:
+        if not settings.endpoint:
+            raise ValueError(f"hook {settings.name!r} has no endpoint (unix:///path)")
+        self.name = settings.name
+        self.endpoint = settings.endpoint
+        self.socket_path = settings.endpoint.removeprefix("unix://")
+        self.last_error = "not started"
+        self._settings = settings
+        self._snapshot = snapshot
+        self._on_sync_updates = on_sync_updates
+        self._subscriptions: frozenset[tuple[Event, Stage]] = frozenset()
+        self._conn: _Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._flaps = 0
+        self._encoder = StageRequestEncoder()
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.lost.is_set()
+
+    @property
+    def streaming(self) -> bool:
+        """True while calls go over the Stream (False: unary fallback, or not connected)."""
+        return self.connected and self._conn is not None and self._conn.streaming
+
+    def subscriptions(self) -> frozenset[tuple[Event, Stage]]:
+        """The last Configure answer: kept while the plugin is down, so the chain still
+        routes its stages here and applies the failure policy."""
+        return self._subscriptions
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"crihook-plugin-{self.name}")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.last_error = "closed"
+
+    async def call(self, ctx: HookContext) -> Adjustment | None:
+        conn = self._conn
+        if conn is None or conn.lost.is_set():
+            raise ConnectionError(f"plugin not connected: {self.last_error}")
+        return await conn.call(ctx)
+
+    # --- connect loop ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(
+                multiplier=BACKOFF_MIN, min=BACKOFF_MIN, max=BACKOFF_MAX
+            ),
+            retry=tenacity.retry_if_exception_type(_ConnectFailed),
+        )
+        conn: _Connection | None = None  # the live connection, for the finally
+        try:
+            while True:
+                live: _Connection = await retrying(self._connect)
+                conn = self._conn = live
+                self.last_error = ""
+                log.info("plugin %s connected on %s", self.name, self.endpoint)
+                await live.lost.wait()
+                self._conn = None
+                self.last_error = live.reason
+                log.warning("plugin %s disconnected: %s; reconnecting", self.name, live.reason)
+                await live.close()
+                conn = None
+                await asyncio.sleep(self._flap_delay(live))
+        finally:
+            self._conn = None
+            if conn is not None:  # close() is idempotent: also after an interrupted close
+                await conn.close()
+
+    def _flap_delay(self, conn: _Connection) -> float:
+        if time.monotonic() - conn.since >= FLAP_SECONDS:
+            self._flaps = 0
+            return 0.0
+        self._flaps += 1
+        return float(min(BACKOFF_MAX, BACKOFF_MIN * 2**self._flaps))
+
+    def _fail(self, message: str, level: int) -> _ConnectFailed:
+        # Log a problem when it changes, not on every retry of the backoff.
+        if message != self.last_error:
+            log.log(level, "plugin %s: %s", self.name, message)
+        self.last_error = message
+        return _ConnectFailed(message)
+
+    async def _connect(self) -> _Connection:
+        problem = check_socket(self.socket_path)
+        if problem is not None:
+            refused = problem.startswith("refusing")
+            raise self._fail(problem, logging.ERROR if refused else logging.WARNING)
+        channel = grpc.aio.insecure_channel(self.endpoint, options=_CHANNEL_OPTIONS)
+        try:
+            conn = _Connection(self.name, channel, self._encoder)
+            await self._configure(channel)
+            await self._synchronize(channel)
+            conn.open_stream()
+            return conn
+        except grpc.aio.AioRpcError as exc:
+            await channel.close()
+            raise self._fail(f"{exc.code().name}: {exc.details()}", logging.WARNING) from None
+        except BaseException:
+            await channel.close()
+            raise
+
+    async def _configure(self, channel: grpc.aio.Channel) -> None:
+        configure = channel.unary_unary(
+            f"/{SERVICE}/Configure",
+            request_serializer=hook_pb2.ConfigureRequest.SerializeToString,
+            response_deserializer=hook_pb2.ConfigureResponse.FromString,
+        )
+        request = hook_pb2.ConfigureRequest(
+            protocol_version=PROTOCOL_VERSION,
+            crihook_version=__version__,
+            plugin_name=self.name,
+            timeout_ms=self._settings.timeout_ms,
+        )
+        answer = await configure(request, timeout=CONFIGURE_TIMEOUT)
+        subs, unknown = subscriptions_from_proto(answer.subscriptions)
+        if unknown:
+            log.warning(
+                "plugin %s subscribed to %d stage(s) this crihook does not know; ignored",
+                self.name,
+                len(unknown),
+            )
+        self._subscriptions = subs
+
+    async def _synchronize(self, channel: grpc.aio.Channel) -> None:
+        synchronize = channel.unary_unary(
+            f"/{SERVICE}/Synchronize",
+            request_serializer=hook_pb2.SynchronizeRequest.SerializeToString,
+            response_deserializer=hook_pb2.SynchronizeResponse.FromString,
+        )
+        try:
+            pods, containers = self._snapshot()
+            request = hook_pb2.SynchronizeRequest(
+                pods=[pod_to_proto(p) for p in pods],
+                containers=[container_to_proto(c) for c in containers],
+            )
+        except Exception as exc:  # a bug in the snapshot must not kill the connect loop
+            log.exception("plugin %s: building the Synchronize snapshot failed", self.name)
+            raise self._fail(f"snapshot failed: {exc!r}", logging.ERROR) from exc
+        answer = await synchronize(request, timeout=SYNCHRONIZE_TIMEOUT)
+        updates = tuple(update_from_proto(u) for u in answer.updates)
+        if not updates:
+            return
+        if self._on_sync_updates is None:
+            log.warning(
+                "plugin %s asked for %d container update(s) at Synchronize; "
+                "nothing applies them here",
+                self.name,
+                len(updates),
+            )
+            return
+        await self._on_sync_updates(self.name, updates)
