@@ -91,6 +91,19 @@ def unary_handler(
     return grpc.unary_unary_rpc_method_handler(forward)
 
 
+async def _relay(
+    upstream: Any, context: grpc.aio.ServicerContext[Any, Any]
+) -> AsyncIterator[bytes]:
+    """Yield the runtime's stream to kubelet; end it with the runtime's status on error."""
+    try:
+        async for message in upstream:
+            yield message
+    except grpc.aio.AioRpcError as err:
+        await abort_with(context, err)
+    finally:
+        upstream.cancel()
+
+
 def unary_stream_handler(
     client: RuntimeClient, path: str, image_service: bool, readiness: Readiness
 ) -> grpc.RpcMethodHandler:
@@ -101,14 +114,8 @@ def unary_stream_handler(
     ) -> AsyncIterator[bytes]:
         if not readiness.ready:
             await _not_ready(context, readiness)
-        upstream = call(request, **call_options(context))
-        try:
-            async for message in upstream:
-                yield message
-        except grpc.aio.AioRpcError as err:
-            await abort_with(context, err)
-        finally:
-            upstream.cancel()
+        async for message in _relay(call(request, **call_options(context)), context):
+            yield message
 
     return grpc.unary_stream_rpc_method_handler(forward)
 
@@ -124,13 +131,7 @@ def stream_stream_handler(
     ) -> AsyncIterator[bytes]:
         if not readiness.ready:
             await _not_ready(context, readiness)
-        upstream = call(requests, **call_options(context))
-        try:
-            async for message in upstream:
-                yield message
-        except grpc.aio.AioRpcError as err:
-            await abort_with(context, err)
-        finally:
-            upstream.cancel()
+        async for message in _relay(call(requests, **call_options(context)), context):
+            yield message
 
     return grpc.stream_stream_rpc_method_handler(forward)
