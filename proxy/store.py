@@ -143,6 +143,10 @@ class Store:
         self._write_lock = asyncio.Lock()
         self.status_provider: Any = None
         self._pending: asyncio.TimerHandle | None = None
+        # Each record's JSON, made when it changes: a flush joins them instead of
+        # re-encoding the whole store on the event loop.
+        self._pod_json: dict[str, str] = {}
+        self._container_json: dict[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # --- records -------------------------------------------------------------------------------
@@ -153,23 +157,30 @@ class Store:
         return self.containers.get(container_id)
 
     def put_pod(self, record: PodRecord) -> None:
+        """Add or replace a pod record; call again after changing a record in place."""
         self.pods[record.view.id] = record
+        self._pod_json[record.view.id] = _fragment(record.view.id, record.to_dict())
         self._touch()
 
     def put_container(self, record: ContainerRecord) -> None:
+        """Add or replace a container record; call again after changing it in place."""
         self.containers[record.view.id] = record
+        self._container_json[record.view.id] = _fragment(record.view.id, record.to_dict())
         self._touch()
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
         record = self.containers.pop(container_id, None)
+        self._container_json.pop(container_id, None)
         if record is not None:
             self._touch()
         return record
 
     def remove_pod(self, sandbox_id: str) -> PodRecord | None:
+        """Remove a pod and every container of it."""
         record = self.pods.pop(sandbox_id, None)
+        self._pod_json.pop(sandbox_id, None)
         for cid in [c for c, r in self.containers.items() if r.view.pod_id == sandbox_id]:
-            del self.containers[cid]
+            self.remove_container(cid)
         if record is not None:
             self._touch()
         return record
@@ -205,10 +216,11 @@ class Store:
             if doc.get("version") != STORE_VERSION:
                 _set_aside(path, f"version {doc.get('version')!r}, expected {STORE_VERSION}")
             else:
-                self.pods = {k: PodRecord.from_dict(v) for k, v in doc.get("pods", {}).items()}
-                self.containers = {
-                    k: ContainerRecord.from_dict(v) for k, v in doc.get("containers", {}).items()
-                }
+                for doc_pod in doc.get("pods", {}).values():
+                    self.put_pod(PodRecord.from_dict(doc_pod))
+                for doc_container in doc.get("containers", {}).values():
+                    self.put_container(ContainerRecord.from_dict(doc_container))
+                self._dirty_store = False
         for file in sorted((self.state_dir / HOOKS_DIR).glob("*.json")):
             data = _read_json(file)
             if data is not None:
@@ -217,13 +229,11 @@ class Store:
     def _encode(self) -> tuple[bytes | None, dict[str, bytes]]:
         store = None
         if self._dirty_store:
-            store = json.dumps(
-                {
-                    "version": STORE_VERSION,
-                    "pods": {k: v.to_dict() for k, v in self.pods.items()},
-                    "containers": {k: v.to_dict() for k, v in self.containers.items()},
-                },
-                sort_keys=True,
+            pods = ", ".join(self._pod_json.values())
+            containers = ", ".join(self._container_json.values())
+            store = (
+                f'{{"containers": {{{containers}}}, "pods": {{{pods}}}, '
+                f'"version": {STORE_VERSION}}}'
             ).encode()
         hooks = {
             n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode()
@@ -327,19 +337,19 @@ class Store:
         live_pods = {s.id: s for s in sandboxes.items}
         live_containers = {c.id: c for c in containers.containers}
         kept = rebuilt = dropped = 0
-        for sid in list(self.pods):
-            if sid not in live_pods:
-                self.pods.pop(sid)
-                dropped += 1
         for cid in list(self.containers):
             if cid not in live_containers:
-                self.containers.pop(cid)
+                self.remove_container(cid)
+                dropped += 1
+        for sid in list(self.pods):
+            if sid not in live_pods:
+                self.remove_pod(sid)
                 dropped += 1
         for sid, sandbox in live_pods.items():
             if sid in self.pods:
                 kept += 1
                 continue
-            self.pods[sid] = PodRecord(await _rebuild_pod(runtime, sandbox))
+            self.put_pod(PodRecord(await _rebuild_pod(runtime, sandbox)))
             rebuilt += 1
         for cid, container in live_containers.items():
             if cid in self.containers:
@@ -348,8 +358,8 @@ class Store:
             pod = self.pods.get(container.pod_sandbox_id)
             if pod is None:
                 continue  # a container of a sandbox the runtime did not list: nothing to hang it on
-            self.containers[cid] = ContainerRecord(
-                await _rebuild_container(runtime, container, pod.view)
+            self.put_container(
+                ContainerRecord(await _rebuild_container(runtime, container, pod.view))
             )
             rebuilt += 1
         if dropped or rebuilt:
@@ -426,6 +436,10 @@ async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodVie
         qos = qos_from_cgroup_parent(pod.cgroup_parent)
         view = ContainerView(**{**view.__dict__, "resources": resources_view(resources, qos)})
     return view
+
+
+def _fragment(key: str, doc: dict[str, Any]) -> str:
+    return f"{json.dumps(key)}: {json.dumps(doc, sort_keys=True)}"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

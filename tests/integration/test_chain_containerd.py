@@ -170,7 +170,8 @@ def test_in_process_hook_and_plugin_process_change_what_containerd_gets(
         assert (cgroup / "cpu.shares").read_text().strip() == "777"
         # kubelet's own values the hooks did not touch are intact
         assert status.resources.linux.cpu_quota == 50000
-        # the audit names the owner of every field
+        # the audit names the owner of every field (records are written behind, ~0.2 s)
+        wait_for(lambda: cid in _state(proc)["containers"], 10, "the container's record")
         audit = _state(proc)["containers"][cid]["audit"]
         assert audit[f"annotation {KEY!r}"]["hook"] == "20-annotate"
         assert audit["env 'FROM_HOOK'"]["hook"] == "10-env"
