@@ -1,0 +1,264 @@
+"""Encoded CRI messages for the benchmark: kubelet-shaped requests and canned runtime responses.
+
+Everything here is built once, before any timing, and handed to the load generator and the
+fake runtime as bytes. Requests are built with tests.lab's kubelet encoder (the same rules
+kubelet applies) plus what kubelet adds to a typical pod (service-link environment, the
+usual mounts, app labels); a CreateContainerRequest comes out at ~2 KB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from crihook.api.cri.v1 import api_pb2
+from tests.lab.images import BUSYBOX_REF
+from tests.lab.kubelet_encoding import (
+    ContainerSpec,
+    Mount,
+    PodSpec,
+    container_config,
+    sandbox_config,
+)
+
+__all__ = [
+    "CREATE_CONTAINER",
+    "LIST_CONTAINERS",
+    "LOAD_LABEL",
+    "NAME_MARKER",
+    "VERSION",
+    "bench_pod",
+    "canned_responses",
+    "create_container_request",
+    "fake_create_container_request",
+    "list_containers_request",
+    "mount_sources",
+    "runtime_methods",
+]
+
+RUNTIME_SERVICE = "runtime.v1.RuntimeService"
+VERSION = f"/{RUNTIME_SERVICE}/Version"
+LIST_CONTAINERS = f"/{RUNTIME_SERVICE}/ListContainers"
+CREATE_CONTAINER = f"/{RUNTIME_SERVICE}/CreateContainer"
+LIST_POD_SANDBOX = f"/{RUNTIME_SERVICE}/ListPodSandbox"
+
+# Replaced by the load generator with a zero-padded counter, so every CreateContainer has its
+# own container name (same width: no length prefix changes).
+NAME_MARKER = "@@@@@@@@@@"
+
+LOAD_LABEL = "bench.crihook.io/load"
+
+
+def _hex_id(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def runtime_methods() -> list[tuple[str, str, bool]]:
+    """(service full name, method name, is_unary) for every method of the CRI v1 services."""
+    methods = []
+    for service in api_pb2.DESCRIPTOR.services_by_name.values():
+        for method in service.methods:
+            unary = not (method.client_streaming or method.server_streaming)
+            methods.append((service.full_name, method.name, unary))
+    return methods
+
+
+def bench_pod(
+    *,
+    name: str = "web-7d4b9c8f6d-x2kqp",
+    namespace: str = "bench",
+    uid: str = "0b8e6f2a-51c4-4d3e-9f1a-7c2d5e8b9a10",
+    image: str = BUSYBOX_REF,
+    kubelet_dir: str = "/var/lib/kubelet",
+    container_name: str = f"web-{NAME_MARKER}",
+) -> PodSpec:
+    """A Burstable Deployment pod with one container shaped like kubelet's usual request.
+
+    On top of what tests.lab's encoder models it carries what kubelet adds to a typical
+    pod: the service-link environment, the projected service-account token, /etc/hosts and
+    /dev/termination-log mounts (their sources live under ``kubelet_dir``), app labels and
+    the config annotations. The container's labels include LOAD_LABEL.
+    """
+    pod_dir = f"{kubelet_dir}/pods/{uid}"
+    web = ContainerSpec(
+        name=container_name,
+        image=image,
+        command=["sleep", "3600"],
+        env=[
+            ("LOG_LEVEL", "info"),
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+            ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+        ],
+        working_dir="/",
+        cpu_request=250,
+        cpu_limit=500,
+        memory_request=128 * 1024 * 1024,
+        memory_limit=256 * 1024 * 1024,
+        mounts=[
+            Mount(
+                host_path=f"{pod_dir}/volumes/kubernetes.io~projected/kube-api-access-8xk2p",
+                container_path="/var/run/secrets/kubernetes.io/serviceaccount",
+                readonly=True,
+            ),
+            Mount(host_path=f"{pod_dir}/etc-hosts", container_path="/etc/hosts"),
+            Mount(
+                host_path=f"{pod_dir}/containers/web/4f1c2b7a",
+                container_path="/dev/termination-log",
+            ),
+        ],
+        labels={LOAD_LABEL: "1"},
+    )
+    return PodSpec(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        labels={"app": "web", "pod-template-hash": "7d4b9c8f6d"},
+        annotations={
+            "kubernetes.io/config.seen": "2026-11-29T15:00:00.000000000Z",
+            "kubernetes.io/config.source": "api",
+        },
+        host_network=True,
+        containers=[web],
+    )
+
+
+def mount_sources(pod: PodSpec) -> list[tuple[str, bool]]:
+    """(host path, is_dir) of every mount source of the pod's containers."""
+    return [
+        (m.host_path, not m.container_path.startswith(("/etc/", "/dev/")))
+        for c in pod.containers
+        for m in c.mounts
+    ]
+
+
+def create_container_request(
+    pod: PodSpec,
+    *,
+    sandbox_id: str,
+    sandbox: api_pb2.PodSandboxConfig,
+    image_ref: str,
+    node_memory: int,
+    container: ContainerSpec | None = None,
+) -> bytes:
+    """An encoded CreateContainerRequest for ``container`` (default: the pod's first)."""
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox_id,
+        config=container_config(
+            pod, container or pod.containers[0], node_memory=node_memory, image_ref=image_ref
+        ),
+        sandbox_config=sandbox,
+    )
+    return request.SerializeToString()
+
+
+def fake_create_container_request() -> bytes:
+    """The CreateContainerRequest sent to the fake runtime (fixed ids, 16 GiB node)."""
+    pod = bench_pod()
+    return create_container_request(
+        pod,
+        sandbox_id=_hex_id("bench-sandbox"),
+        sandbox=sandbox_config(pod, log_root="/var/log/pods"),
+        image_ref=f"sha256:{_hex_id(BUSYBOX_REF)}",
+        node_memory=16 * 1024**3,
+    )
+
+
+def list_containers_request() -> bytes:
+    """kubelet's periodic ListContainers: a present but empty filter."""
+    request = api_pb2.ListContainersRequest()
+    request.filter.SetInParent()
+    return request.SerializeToString()
+
+
+# --- canned responses for the fake runtime ---------------------------------------------------
+
+_FAKE_PODS = [
+    ("coredns-5d78c9869d-abcde", "kube-system", ["coredns"]),
+    ("kube-proxy-7xk2p", "kube-system", ["kube-proxy"]),
+    ("web-7d4b9c8f6d-x2kqp", "default", ["web", "envoy"]),
+    ("db-0", "default", ["postgres", "exporter"]),
+    ("worker-6f5c7b8d9-q8w7e", "batch", ["worker", "log-shipper", "metrics"]),
+]
+
+
+def _fake_pods() -> list[tuple[str, str, str, str, list[str]]]:
+    return [
+        (_hex_id(f"sandbox/{ns}/{name}"), name, ns, f"uid-{_hex_id(name)[:12]}", containers)
+        for name, ns, containers in _FAKE_PODS
+    ]
+
+
+def _list_containers_response() -> bytes:
+    response = api_pb2.ListContainersResponse()
+    created = 1_764_428_400_000_000_000
+    for sandbox_id, pod, ns, uid, containers in _fake_pods():
+        for i, cname in enumerate(containers):
+            image = f"registry.example.com/{ns}/{cname}:1.{i}.3"
+            c = response.containers.add(
+                id=_hex_id(f"container/{sandbox_id}/{cname}"),
+                pod_sandbox_id=sandbox_id,
+                metadata=api_pb2.ContainerMetadata(name=cname, attempt=0),
+                image=api_pb2.ImageSpec(image=image),
+                image_ref=f"sha256:{_hex_id(image)}",
+                state=api_pb2.CONTAINER_RUNNING,
+                created_at=created + i,
+            )
+            c.labels.update(
+                {
+                    "io.kubernetes.container.name": cname,
+                    "io.kubernetes.pod.name": pod,
+                    "io.kubernetes.pod.namespace": ns,
+                    "io.kubernetes.pod.uid": uid,
+                }
+            )
+            c.annotations.update(
+                {
+                    "io.kubernetes.container.hash": _hex_id(cname)[:8],
+                    "io.kubernetes.container.restartCount": "0",
+                    "io.kubernetes.container.terminationMessagePath": "/dev/termination-log",
+                    "io.kubernetes.container.terminationMessagePolicy": "File",
+                    "io.kubernetes.pod.terminationGracePeriod": "30",
+                }
+            )
+    return response.SerializeToString()
+
+
+def _list_pod_sandbox_response() -> bytes:
+    response = api_pb2.ListPodSandboxResponse()
+    for sandbox_id, pod, ns, uid, _ in _fake_pods():
+        s = response.items.add(
+            id=sandbox_id,
+            metadata=api_pb2.PodSandboxMetadata(name=pod, uid=uid, namespace=ns, attempt=0),
+            state=api_pb2.SANDBOX_READY,
+            created_at=1_764_428_400_000_000_000,
+        )
+        s.labels.update(
+            {
+                "io.kubernetes.pod.name": pod,
+                "io.kubernetes.pod.namespace": ns,
+                "io.kubernetes.pod.uid": uid,
+            }
+        )
+    return response.SerializeToString()
+
+
+def canned_responses() -> dict[str, bytes]:
+    """Full method path -> encoded response; methods not listed answer an empty message."""
+    return {
+        VERSION: api_pb2.VersionResponse(
+            version="0.1.0",
+            runtime_name="fake-runtime",
+            runtime_version="1.0.0-bench",
+            runtime_api_version="v1",
+        ).SerializeToString(),
+        LIST_CONTAINERS: _list_containers_response(),
+        LIST_POD_SANDBOX: _list_pod_sandbox_response(),
+        CREATE_CONTAINER: api_pb2.CreateContainerResponse(
+            container_id=_hex_id("bench-created-container")
+        ).SerializeToString(),
+        f"/{RUNTIME_SERVICE}/RunPodSandbox": api_pb2.RunPodSandboxResponse(
+            pod_sandbox_id=_hex_id("bench-run-sandbox")
+        ).SerializeToString(),
+    }
