@@ -135,7 +135,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "--value",
                 "x",
             ),
-        ),  # fmt: skip
+        ),
         about="the example annotate plugin out of process, over its persistent stream",
     ),
 )
