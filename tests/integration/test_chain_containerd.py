@@ -430,3 +430,41 @@ def test_insecure_plugin_socket_is_refused(
             _run(proc, containerd, f"insecure-{insecure}")
         assert err.value.code == grpc.StatusCode.UNAVAILABLE
         assert "refus" in err.value.details or "owned" in err.value.details
+
+
+def test_updates_to_other_containers_are_sent_and_failures_reported(
+    containerd: Containerd, pod_cleanup: PodCleanup
+) -> None:
+    config = """
+[hooks]
+order = ["10-shrink"]
+[hooks.shrink]
+module = "tests.lab.sample_hooks:ShrinkOthers"
+shares = 300
+"""
+    with _crihook(containerd, config) as proc:
+        spec = PodSpec(
+            name="updates",
+            containers=[
+                ContainerSpec(name="first", cpu_request=250, memory_limit=64 * MiB),
+                ContainerSpec(name="trigger", cpu_request=250, memory_limit=64 * MiB),
+            ],
+        )
+        with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+            handle = kubelet.run_pod(spec)
+        first = handle.container_ids["first"]
+        status, _ = _container(containerd, first)
+        assert status.resources.linux.cpu_shares == 300
+        cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / first
+        assert (cgroup / "cpu.shares").read_text().strip() == "300"
+        # kubelet's other values were sent along unchanged, not zeroed
+        assert status.resources.linux.memory_limit_in_bytes == 64 * MiB
+        wait_for(
+            lambda: (_state(proc).get("status") or {}).get("update_failures") == 1,
+            10,
+            "the failed update to be counted",
+        )
+        wait_for(lambda: first in _state(proc)["containers"], 10, "the record")
+        audit = _state(proc)["containers"][first]["audit"]
+        assert audit["cpu_shares"]["hook"] == "10-shrink"
+        assert "update of container 000000000000 for hook 10-shrink failed" in proc.log()

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from crihook.hooks.spec import Adjustment, Hook, HookContext
+from crihook.hooks.spec import Adjustment, Hook, HookContext, ResourceDelta
 
-__all__ = ["CountAnnotations", "SetEnv", "SetShares", "SetState"]
+__all__ = ["CountAnnotations", "SetEnv", "SetShares", "SetState", "ShrinkOthers"]
 
 
 class SetEnv(Hook):
@@ -38,4 +38,26 @@ class SetState(Hook):
         assert ctx.container is not None
         seen = ctx.state.get("seen", [])
         ctx.state.set("seen", [*seen, f"{ctx.pod.name}/{ctx.container.name}"])
+        return None
+
+
+class ShrinkOthers(Hook):
+    """When a container named `trigger` is created, asks crihook to update every other
+    container of the pod it has seen (cpu_shares), and one container that does not exist."""
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        assert ctx.container is not None
+        seen = ctx.state.get("containers", [])
+        if ctx.container.name != "trigger":
+            return None
+        adj = Adjustment()
+        for cid in seen:
+            adj.update_container(cid, ResourceDelta(cpu_shares=int(self.options["shares"])))
+        adj.update_container("0" * 64, ResourceDelta(cpu_shares=3))
+        return adj
+
+    async def post_create_container(self, ctx: HookContext) -> None:
+        assert ctx.response is not None
+        seen = ctx.state.get("containers", [])
+        ctx.state.set("containers", [*seen, ctx.response.container_id])
         return None
