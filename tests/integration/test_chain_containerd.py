@@ -245,48 +245,45 @@ value = "in-process"
         assert status.annotations[KEY] == "by-plugin"
 
 
-@pytest.mark.parametrize("fault", ["killed", "hung"])
-def test_plugin_down_or_hung_with_ignore_goes_on_without_it(
-    containerd: Containerd, pod_cleanup: PodCleanup, fault: str
+@pytest.mark.parametrize(
+    ("fault", "policy", "code"),
+    [
+        ("killed", "ignore", None),
+        ("hung", "ignore", None),
+        ("killed", "fail", grpc.StatusCode.UNAVAILABLE),
+        ("hung", "fail", grpc.StatusCode.DEADLINE_EXCEEDED),
+    ],
+    ids=["killed-ignore", "hung-ignore", "killed-fail", "hung-fail"],
+)
+def test_plugin_down_or_hung_follows_its_failure_policy(
+    containerd: Containerd,
+    pod_cleanup: PodCleanup,
+    fault: str,
+    policy: str,
+    code: grpc.StatusCode | None,
 ) -> None:
+    """ignore: the call goes on without the plugin (and it is counted); fail: the call fails
+    with UNAVAILABLE or DEADLINE_EXCEEDED naming the plugin."""
     plugin = Plugin("--delay-ms", "5000") if fault == "hung" else Plugin()
     plugin.start()
     try:
         with _crihook(containerd) as proc:
-            _install(proc, plugin, "50-annotate", "ignore", timeout_ms=300)
+            _install(proc, plugin, "50-annotate", policy, timeout_ms=300)
             _wait_plugin_connected(proc, "50-annotate")
             if fault == "killed":
                 plugin.stop(9)
                 _wait_plugin_connected(proc, "50-annotate", connected=False)
-            handle = _run(proc, containerd, f"ignore-{fault}")
+            if code is not None:
+                with pytest.raises(PodStartError) as err:
+                    _run(proc, containerd, f"{policy}-{fault}")
+                assert err.value.code == code
+                assert "'50-annotate'" in err.value.details
+                return
+            handle = _run(proc, containerd, f"{policy}-{fault}")
             status, _ = _container(containerd, handle.container_ids["app"])
             assert KEY not in status.annotations
             # status.json is rewritten shortly after each call
             wait_for(lambda: _counters(proc).get("ignored", 0) >= 1, 10, "the ignored count")
-    finally:
-        plugin.stop()
-
-
-@pytest.mark.parametrize(
-    ("fault", "code"),
-    [("killed", grpc.StatusCode.UNAVAILABLE), ("hung", grpc.StatusCode.DEADLINE_EXCEEDED)],
-)
-def test_plugin_down_or_hung_with_fail_fails_the_call_naming_it(
-    containerd: Containerd, pod_cleanup: PodCleanup, fault: str, code: grpc.StatusCode
-) -> None:
-    plugin = Plugin("--delay-ms", "5000") if fault == "hung" else Plugin()
-    plugin.start()
-    try:
-        with _crihook(containerd) as proc:
-            _install(proc, plugin, "50-annotate", "fail", timeout_ms=300)
-            _wait_plugin_connected(proc, "50-annotate")
-            if fault == "killed":
-                plugin.stop(9)
-                _wait_plugin_connected(proc, "50-annotate", connected=False)
-            with pytest.raises(PodStartError) as err:
-                _run(proc, containerd, f"fail-{fault}")
-            assert err.value.code == code
-            assert "'50-annotate'" in err.value.details
     finally:
         plugin.stop()
 
