@@ -281,15 +281,16 @@ class Chain:
             error = HookError(entry.name, f"failed: {type(exc).__name__}: {exc}")
         else:
             entry.breaker.success()
-            elapsed = (time.perf_counter() - started) * 1000
-            log.debug(
-                "%s %s-%s -> %r",
-                entry.name,
-                stage.value,
-                event.value,
-                adjustment,
-                extra={"elapsed_ms": round(elapsed, 3)},
-            )
+            if log.isEnabledFor(logging.DEBUG):
+                elapsed = (time.perf_counter() - started) * 1000
+                log.debug(
+                    "%s %s-%s -> %r",
+                    entry.name,
+                    stage.value,
+                    event.value,
+                    adjustment,
+                    extra={"elapsed_ms": round(elapsed, 3)},
+                )
             return adjustment
         entry.breaker.failure()
         entry.counters["failures"] += 1

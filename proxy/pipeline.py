@@ -153,15 +153,16 @@ class Pipeline:
                 await self.store.flush()  # allocations are on disk before kubelet hears OK
             else:
                 self.store.schedule()  # records can be rebuilt from the runtime
-        log.info(
-            "%s ok%s",
-            event.value,
-            " (adjusted)" if changed else "",
-            extra={
-                **call.describe(),
-                "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-            },
-        )
+        if log.isEnabledFor(logging.INFO):  # don't build the record's extras for nothing
+            log.info(
+                "%s ok%s",
+                event.value,
+                " (adjusted)" if changed else "",
+                extra={
+                    **call.describe(),
+                    "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+                },
+            )
         return response_raw
 
     def _views(self, call: _Call) -> None:

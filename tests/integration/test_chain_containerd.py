@@ -20,6 +20,7 @@ from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodSpec, PodStartError
+from tests.lab.kubelet_encoding import burstable_pod
 
 MiB = 1024 * 1024
 KEY = "example.com/annotated"
@@ -114,24 +115,9 @@ def _counters(proc: CrihookProcess) -> dict[str, int]:
     return hooks[0]["counters"] if hooks else {}  # type: ignore[no-any-return]
 
 
-def _spec(name: str) -> PodSpec:
-    return PodSpec(
-        name=name,
-        containers=[
-            ContainerSpec(
-                name="app",
-                cpu_request=250,
-                cpu_limit=500,
-                memory_request=32 * MiB,
-                memory_limit=64 * MiB,
-            )
-        ],
-    )
-
-
 def _run(proc: CrihookProcess, containerd: Containerd, name: str):  # type: ignore[no-untyped-def]
     with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
-        return kubelet.run_pod(_spec(name))
+        return kubelet.run_pod(burstable_pod(name))
 
 
 def _container(containerd: Containerd, cid: str) -> tuple[api_pb2.ContainerStatus, dict]:  # type: ignore[type-arg]
@@ -203,17 +189,19 @@ me = "a2"
         assert "hook chain: 10-a, 20-a2, 20-b" in proc.log()
 
 
+def _mine_vs_plugin_config(chain_extra: str = "") -> str:
+    """An in-process annotate hook setting the same annotation as the plugin."""
+    return (
+        f'[hooks]\norder = ["10-mine"]\n{chain_extra}[hooks.mine]\n'
+        'module = "crihook.hooks.examples.annotate:AnnotateHook"\n'
+        f'key = "{KEY}"\nvalue = "in-process"\n'
+    )
+
+
 def test_conflict_fails_the_call_naming_both_hooks(
     containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
 ) -> None:
-    config = f"""
-[hooks]
-order = ["10-mine"]
-[hooks.mine]
-module = "crihook.hooks.examples.annotate:AnnotateHook"
-key = "{KEY}"
-value = "in-process"
-"""
+    config = _mine_vs_plugin_config()
     with _crihook(containerd, config) as proc:
         _install(proc, plugin, "20-annotate", "fail")
         _wait_plugin_connected(proc, "20-annotate")
@@ -227,16 +215,7 @@ value = "in-process"
 def test_precedence_settles_a_conflict(
     containerd: Containerd, pod_cleanup: PodCleanup, plugin: Plugin
 ) -> None:
-    config = f"""
-[hooks]
-order = ["10-mine"]
-conflict = "precedence"
-precedence = ["annotate", "mine"]
-[hooks.mine]
-module = "crihook.hooks.examples.annotate:AnnotateHook"
-key = "{KEY}"
-value = "in-process"
-"""
+    config = _mine_vs_plugin_config('conflict = "precedence"\nprecedence = ["annotate", "mine"]\n')
     with _crihook(containerd, config) as proc:
         _install(proc, plugin, "20-annotate", "fail")
         _wait_plugin_connected(proc, "20-annotate")
@@ -370,7 +349,7 @@ module = "tests.lab.sample_hooks:SetState"
     assert proc.stop() == 0
     # Kept on disk: the hook's state; gone from disk: a pod made while crihook was down.
     with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as direct:
-        behind_its_back = direct.run_pod(_spec("made-directly"))
+        behind_its_back = direct.run_pod(burstable_pod("made-directly"))
         direct.remove_pod(handle)
     store = json.loads((workdir / "state/store.json").read_text())
     assert cid in store["containers"]

@@ -21,7 +21,8 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, wait_for
 from tests.lab.fixtures import PodCleanup
-from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec
+from tests.lab.kubelet import KubeletClient, PodHandle
+from tests.lab.kubelet_encoding import burstable_pod
 
 MiB = 1024 * 1024
 
@@ -57,19 +58,7 @@ def both(crihook: CrihookProcess, containerd: Containerd) -> Iterator[tuple[Stub
 
 
 def _pod(via: KubeletClient, name: str) -> PodHandle:
-    spec = PodSpec(
-        name=name,
-        containers=[
-            ContainerSpec(
-                name="app",
-                cpu_request=250,
-                cpu_limit=500,
-                memory_request=32 * MiB,
-                memory_limit=64 * MiB,
-            )
-        ],
-    )
-    return via.run_pod(spec)
+    return via.run_pod(burstable_pod(name))
 
 
 VOLATILE = frozenset(

@@ -413,3 +413,12 @@ def container_config(
             ),
         ),
     )
+
+
+def burstable_pod(name: str) -> PodSpec:
+    """The integration tests' usual pod: one busybox `app`, 250m/500m CPU, 32/64 MiB."""
+    mib = 1024 * 1024
+    app = ContainerSpec(
+        name="app", cpu_request=250, cpu_limit=500, memory_request=32 * mib, memory_limit=64 * mib
+    )
+    return PodSpec(name=name, containers=[app])
