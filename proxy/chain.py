@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,11 @@ class ChainEntry:
     settings: HookSettings
     breaker: Breaker
     counters: Counter[str] = field(default_factory=Counter)
+    bounds_own_calls: bool = field(init=False)
+    """The hook ends its own calls at ctx.timeout (a plugin does): no second timer."""
+
+    def __post_init__(self) -> None:
+        self.bounds_own_calls = bool(getattr(self.hook, "bounds_own_calls", False))
 
     @property
     def name(self) -> str:
@@ -117,6 +122,36 @@ class ChainEntry:
             return True
         # Asked every time: a plugin's subscriptions change when it (re)connects.
         return (event, stage) in self.hook.subscriptions()
+
+
+class _Resume:
+    """`await` for a coroutine that already ran its first step and suspended on `yielded`:
+    drives the rest of it from the awaiting task, exactly as awaiting it would have."""
+
+    __slots__ = ("_coro", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
+        self._coro = coro
+        self._yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, yielded = self._coro, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # the task throws in only its cancellation
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
@@ -249,8 +284,20 @@ class Chain:
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                adjustment = await entry.hook.call(ctx)
+            # The first step runs inline: a hook that answers without waiting (most in-process
+            # ones) needs no timer. One that suspends gets the rest of its budget as a timeout
+            # (no extra task, unlike wait_for), unless it bounds its calls itself (plugins).
+            coro = entry.hook.call(ctx)
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                adjustment = done.value
+            else:
+                if entry.bounds_own_calls:
+                    adjustment = await _Resume(coro, yielded)
+                else:
+                    async with asyncio.timeout(timeout - (time.perf_counter() - started)):
+                        adjustment = await _Resume(coro, yielded)
             if adjustment is not None and not isinstance(adjustment, Adjustment):
                 raise HookInvalidAdjustment(
                     entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"

@@ -50,6 +50,8 @@ class Field(enum.Enum):
     ENV = "env"
     CDI_DEVICE = "cdi_device"
 
+    __hash__ = object.__hash__  # singletons: cheap identity hashing for the field-key dicts
+
 
 # Fields of LinuxContainerResources.
 RESOURCE_FIELDS = frozenset(

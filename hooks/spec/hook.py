@@ -116,7 +116,11 @@ def subscriptions_of(hook: object) -> frozenset[tuple[Event, Stage]]:
 
 @runtime_checkable
 class ChainHook(Protocol):
-    """How the chain sees a hook, in-process or out-of-process alike."""
+    """How the chain sees a hook, in-process or out-of-process alike.
+
+    Optional attributes: `connected` (False: down, calls fail and the failure policy
+    applies) and `bounds_own_calls` (True: `call` itself ends by `ctx.timeout`, so the
+    chain sets no timer)."""
 
     name: str
 

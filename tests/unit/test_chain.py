@@ -330,6 +330,89 @@ async def test_timeout_with_ignore_policy_is_skipped_and_counted() -> None:
     )
 
 
+async def test_a_hook_that_waits_is_resumed_with_what_it_awaited() -> None:
+    loop = asyncio.get_running_loop()
+
+    async def waits(ctx: HookContext) -> Adjustment:
+        await asyncio.sleep(0)  # a bare yield
+        ready = loop.create_future()
+        loop.call_soon(ready.set_result, "v1")
+        value = await ready
+        failing = loop.create_future()
+        loop.call_soon(failing.set_exception, LookupError("gone"))
+        try:
+            await failing
+        except LookupError as exc:
+            value += f"-{exc}"
+        return Adjustment().set_annotation("waited", value)
+
+    calls: list[str] = []
+    chain = make_chain([make_entry(Probe("10-w", calls, waits), "10-w", timeout_ms=2000)])
+    request = create_request()
+    await run_create(chain, request)
+    assert request.config.annotations["waited"] == "v1-gone"
+
+
+async def test_a_hook_that_blocks_before_it_waits_still_times_out() -> None:
+    async def busy_then_wait(ctx: HookContext) -> None:
+        time.sleep(0.05)  # blocking on purpose: the budget (20 ms) is gone before it waits
+        await asyncio.sleep(5)
+
+    calls: list[str] = []
+    chain = make_chain(
+        [make_entry(Probe("10-busy", calls, busy_then_wait), "10-busy", timeout_ms=20)]
+    )
+    started = time.monotonic()
+    with pytest.raises(HookTimeout):
+        await run_create(chain)
+    assert time.monotonic() - started < 2.5
+
+
+async def test_cancelling_the_call_cancels_a_waiting_hook_without_a_verdict() -> None:
+    entered = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def waits(ctx: HookContext) -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    calls: list[str] = []
+    entry = make_entry(Probe("10-w", calls, waits), "10-w", timeout_ms=60_000)
+    task = asyncio.create_task(run_create(make_chain([entry])))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled == [True]
+    assert entry.counters["failures"] == 0 and entry.breaker.state == "closed"
+
+
+class SelfBounded(LocalHook):
+    """A hook that ends its own calls at ctx.timeout (as a plugin does)."""
+
+    bounds_own_calls = True
+
+
+async def test_a_hook_that_bounds_its_own_calls_gets_no_second_timer() -> None:
+    async def late(ctx: HookContext) -> Adjustment:
+        await asyncio.sleep(0.1)  # past the configured 20 ms: only its own bound applies
+        return Adjustment().set_annotation("late", "ok")
+
+    calls: list[str] = []
+    entry = Chain.entry(
+        SelfBounded("10-own", Probe("10-own", calls, late)),
+        HookSettings(name="10-own", timeout_ms=20),
+    )
+    assert entry.bounds_own_calls
+    request = create_request()
+    await run_create(make_chain([entry]), request)
+    assert request.config.annotations["late"] == "ok"
+
+
 @pytest.mark.parametrize(
     ("exc", "error_type", "text"),
     [
