@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,10 +143,11 @@ class Store:
         self._write_lock = asyncio.Lock()
         self.status_provider: Any = None
         self._pending: asyncio.TimerHandle | None = None
-        # Each record's JSON, made when it changes: a flush joins them instead of
-        # re-encoding the whole store on the event loop.
-        self._pod_json: dict[str, str] = {}
-        self._container_json: dict[str, str] = {}
+        # Each record's JSON, kept between writes so a flush joins them instead of
+        # re-encoding the whole store. None: changed, encoded at the next write (off the
+        # call path, and once however often it changed in between).
+        self._pod_json: dict[str, str | None] = {}
+        self._container_json: dict[str, str | None] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # --- records -------------------------------------------------------------------------------
@@ -159,13 +160,13 @@ class Store:
     def put_pod(self, record: PodRecord) -> None:
         """Add or replace a pod record; call again after changing a record in place."""
         self.pods[record.view.id] = record
-        self._pod_json[record.view.id] = _fragment(record.view.id, record.to_dict())
+        self._pod_json[record.view.id] = None
         self._touch()
 
     def put_container(self, record: ContainerRecord) -> None:
         """Add or replace a container record; call again after changing it in place."""
         self.containers[record.view.id] = record
-        self._container_json[record.view.id] = _fragment(record.view.id, record.to_dict())
+        self._container_json[record.view.id] = None
         self._touch()
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
@@ -229,8 +230,8 @@ class Store:
     def _encode(self) -> tuple[bytes | None, dict[str, bytes]]:
         store = None
         if self._dirty_store:
-            pods = ", ".join(self._pod_json.values())
-            containers = ", ".join(self._container_json.values())
+            pods = ", ".join(_fragments(self._pod_json, self.pods))
+            containers = ", ".join(_fragments(self._container_json, self.containers))
             store = (
                 f'{{"containers": {{{containers}}}, "pods": {{{pods}}}, '
                 f'"version": {STORE_VERSION}}}'
@@ -436,6 +437,18 @@ async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodVie
         qos = qos_from_cgroup_parent(pod.cgroup_parent)
         view = ContainerView(**{**view.__dict__, "resources": resources_view(resources, qos)})
     return view
+
+
+def _fragments(
+    cache: dict[str, str | None], records: Mapping[str, PodRecord] | Mapping[str, ContainerRecord]
+) -> list[str]:
+    """Every record's JSON fragment, encoding those changed since the last write."""
+    out = []
+    for key, fragment in cache.items():
+        if fragment is None:
+            fragment = cache[key] = _fragment(key, records[key].to_dict())
+        out.append(fragment)
+    return out
 
 
 def _fragment(key: str, doc: dict[str, Any]) -> str:

@@ -133,6 +133,24 @@ async def test_removal_is_persisted(tmp_path: Path) -> None:
     assert (again.pods, again.containers) == ({}, {})
 
 
+async def test_a_record_changed_in_place_is_written_as_it_is_at_the_flush(
+    tmp_path: Path,
+) -> None:
+    store = loaded(tmp_path)
+    record = container("c1", "sb1")
+    store.put_pod(pod("sb1"))
+    store.put_container(record)
+    await store.flush()
+    record.audit["cpuset_mems"] = {"hook": "20-numa", "value": "0"}
+    store.put_container(record)
+    record.audit["oom_score_adj"] = {"hook": "30-oom", "value": -997}  # after the put
+    store.put_pod(pod("sb1", "renamed"))
+    await store.flush()
+    again = loaded(tmp_path)
+    assert sorted(again.containers["c1"].audit) == ["cpuset_cpus", "cpuset_mems", "oom_score_adj"]
+    assert again.pods["sb1"].view.name == "renamed"
+
+
 async def test_hook_state_delete_is_persisted(tmp_path: Path) -> None:
     store = loaded(tmp_path)
     state = store.hook_state("pin")
