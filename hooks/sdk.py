@@ -31,6 +31,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from pathlib import Path
 from typing import Any
 
+from crihook.grpc_tuning import CLASSIC_ENDPOINTS
+
+# A plugin is one side of every hop: the cheaper endpoints (bench/README.md), unless the
+# operator chose; before grpc loads.
+os.environ.setdefault("GRPC_EXPERIMENTS", CLASSIC_ENDPOINTS)
+
 import grpc
 from google.protobuf.message import Message  # type: ignore[import-untyped, unused-ignore]
 

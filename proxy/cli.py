@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 
-# grpc's EventEngine-based endpoints cost ~100 µs more CPU per proxied call than the classic
-# iomgr ones on this workload (bench/README.md); they must be chosen before grpc loads.
-# An operator's own GRPC_EXPERIMENTS wins.
-os.environ.setdefault(
-    "GRPC_EXPERIMENTS",
-    "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints",
-)
+from crihook.grpc_tuning import CLASSIC_ENDPOINTS
+
+# Before anything below loads grpc; an operator's own GRPC_EXPERIMENTS wins.
+os.environ.setdefault("GRPC_EXPERIMENTS", CLASSIC_ENDPOINTS)
 
 import argparse
 import asyncio
