@@ -7,7 +7,7 @@ root=$(pwd)
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/crihook"
-ln -s "$root/proxy/_root/__init__.py" "$root/proxy/_root/__main__.py" "$tree/crihook/"
+ln -s "$root"/proxy/_root/*.py "$tree/crihook/"
 ln -s "$root/proxy" "$tree/crihook/proxy"
 ln -s "$root/hooks" "$tree/crihook/hooks"
 ln -s "$root/api" "$tree/crihook/api"

@@ -7,6 +7,10 @@
     call(ctx) ─► one StageRequest on the Stream (matched by seq), or the stage's unary RPC
                  when the plugin does not implement Stream
 
+Configure, Synchronize and the unary stage RPCs go through a grpc.aio channel. The Stream,
+the hot path, has its own connection spoken directly in HTTP/2 (h2stream.py): a message
+each way costs a write and a read on the event loop instead of two grpc.aio batches.
+
 Errors are built-in exceptions, for the chain to map to gRPC statuses naming the hook:
 ConnectionError (not connected, the stream broke), TimeoutError (no answer within
 ctx.timeout), Reject (the plugin refused), RuntimeError (the plugin failed: an exception in
@@ -26,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import tenacity
+from google.protobuf.message import DecodeError
 
 from crihook import __version__
 from crihook.api.hook.v1 import hook_pb2
@@ -38,6 +43,7 @@ from crihook.hooks.remote.convert import (
     subscriptions_from_proto,
     update_from_proto,
 )
+from crihook.hooks.remote.h2stream import GrpcStream, StreamEnded
 from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
 from crihook.hooks.spec.errors import Reject
 from crihook.hooks.spec.events import Event, Stage
@@ -202,9 +208,16 @@ class _UseUnary(Exception):
 class _Connection:
     """A configured, synchronized channel; lost for good once `lost` is set."""
 
-    def __init__(self, name: str, channel: grpc.aio.Channel, encoder: StageRequestEncoder) -> None:
+    def __init__(
+        self,
+        name: str,
+        channel: grpc.aio.Channel,
+        encoder: StageRequestEncoder,
+        socket_path: str,
+    ) -> None:
         self.name = name
         self.channel = channel
+        self._socket_path = socket_path
         self._encode = encoder.encode
         self.lost = asyncio.Event()
         self.reason = ""
@@ -212,13 +225,9 @@ class _Connection:
         self.streaming = True
         self._seq = itertools.count(1)
         self._pending: dict[int, asyncio.Future[hook_pb2.StageResponse]] = {}
-        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._stream: grpc.aio.StreamStreamCall | None = None
+        self._stream: GrpcStream | None = None
         # Multicallables built once: a call only serializes and sends.
-        self._open_stream = channel.stream_stream(
-            f"/{SERVICE}/Stream", response_deserializer=hook_pb2.StageResponse.FromString
-        )
         self._unary = {
             (e, s): channel.unary_unary(
                 f"/{SERVICE}/{stage_rpc_name(e, s)}",
@@ -228,10 +237,10 @@ class _Connection:
             for s in Stage
         }
 
-    def open_stream(self) -> None:
-        self._stream = self._open_stream()  # reader/writer style: bytes in, messages out
-        self._spawn(self._read(self._stream), "reader")
-        self._spawn(self._write(self._stream), "writer")
+    async def open_stream(self) -> None:
+        self._stream = await GrpcStream.open(
+            self._socket_path, f"/{SERVICE}/Stream", self._on_message, self._on_end
+        )
 
     def _spawn(self, coro: Awaitable[None], role: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -255,46 +264,37 @@ class _Connection:
     async def close(self) -> None:
         self.lose("closed")
         if self._stream is not None:
-            self._stream.cancel()
+            self._stream.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.channel.close()
 
-    # --- the stream ------------------------------------------------------------------------
-    async def _read(self, stream: grpc.aio.StreamStreamCall) -> None:
+    # --- the stream (callbacks from GrpcStream, on the event loop) -----------------------------
+    def _on_message(self, data: bytes) -> None:
         try:
-            while True:
-                response = await stream.read()
-                if response is grpc.aio.EOF:
-                    self.lose("the plugin ended the stream")
-                    return
-                future = self._pending.pop(response.seq, None)
-                if future is not None and not future.done():
-                    future.set_result(response)
-                # else: the caller gave up (timeout) before the answer came
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not self.lost.is_set():
-                self._use_unary()
-            else:
-                self.lose(f"stream broke: {exc.code().name}: {exc.details()}")
+            response = hook_pb2.StageResponse.FromString(data)
+        except DecodeError as exc:
+            self.lose(f"the plugin sent an undecodable StageResponse: {exc}")
+            return
+        future = self._pending.pop(response.seq, None)
+        if future is not None and not future.done():
+            future.set_result(response)
+        # else: the caller gave up (timeout) before the answer came
 
-    async def _write(self, stream: grpc.aio.StreamStreamCall) -> None:
-        # The only writer: grpc allows one write in flight, and cancelling a write (a caller
-        # timing out) would cancel the whole stream.
-        while True:
-            data = await self._outbox.get()
-            try:
-                await stream.write(data)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                self.lose(f"stream write failed: {exc}")
-                return
+    def _on_end(self, code: grpc.StatusCode, details: str) -> None:
+        if self.lost.is_set():
+            return
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            self._use_unary()
+        elif code == grpc.StatusCode.OK:
+            self.lose("the plugin ended the stream")
+        else:
+            self.lose(f"stream broke: {code.name}: {details}")
 
     def _use_unary(self) -> None:
         log.info("plugin %s does not implement Stream; calling it per stage (unary)", self.name)
         self.streaming = False
-        while not self._outbox.empty():
-            self._outbox.get_nowait()
         self._fail_pending(_UseUnary)
         # No stream left to notice a dead plugin: watch the channel instead.
         self._spawn(self._watch_channel(), "watch")
@@ -316,16 +316,20 @@ class _Connection:
         return await self._call_unary(ctx)
 
     async def _call_stream(self, ctx: HookContext) -> Adjustment | None:
+        assert self._stream is not None, "calls start after open_stream()"
         seq = next(self._seq)
         data = self._encode(seq, ctx)
         future: asyncio.Future[hook_pb2.StageResponse] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
-        self._outbox.put_nowait(data)
         try:
+            self._stream.send(data)
             async with asyncio.timeout(ctx.timeout):
                 response = await future
         except TimeoutError:
             raise TimeoutError(f"plugin did not answer within {_ms(ctx.timeout)}") from None
+        except StreamEnded:
+            reason = self.reason or "the stream ended"
+            raise ConnectionError(f"plugin connection lost: {reason}") from None
         finally:
             self._pending.pop(seq, None)
         return _result(response)
@@ -362,6 +366,8 @@ class _ConnectFailed(Exception):
 class RemoteHook:
     """One out-of-process plugin as a ChainHook. Connection problems never raise from
     start(); they show in `connected`/`last_error` and fail calls with ConnectionError."""
+
+    bounds_own_calls = True  # every call ends by ctx.timeout: the chain adds no timer of its own
 
     def __init__(
         self,
@@ -465,14 +471,17 @@ class RemoteHook:
             raise self._fail(problem, logging.ERROR if refused else logging.WARNING)
         channel = grpc.aio.insecure_channel(self.endpoint, options=_CHANNEL_OPTIONS)
         try:
-            conn = _Connection(self.name, channel, self._encoder)
+            conn = _Connection(self.name, channel, self._encoder, self.socket_path)
             await self._configure(channel)
             await self._synchronize(channel)
-            conn.open_stream()
+            await conn.open_stream()
             return conn
         except grpc.aio.AioRpcError as exc:
             await channel.close()
             raise self._fail(f"{exc.code().name}: {exc.details()}", logging.WARNING) from None
+        except (OSError, TimeoutError) as exc:  # the Stream's own connection
+            await channel.close()
+            raise self._fail(f"opening the stream failed: {exc!r}", logging.WARNING) from None
         except BaseException:
             await channel.close()
             raise
