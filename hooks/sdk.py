@@ -27,7 +27,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from google.protobuf.message import Message  # type: ignore[import-untyped, unus
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
+from crihook.hooks.eager import BudgetExpired, bounded
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -70,6 +71,9 @@ CANCEL_GRACE = 0.1
 _MAX_MESSAGE = 64 << 20
 _REQUESTS: dict[Event, type[Message]] = {e: getattr(api_pb2, f"{e.value}Request") for e in Event}
 _RESPONSES: dict[Event, type[Message]] = {e: getattr(api_pb2, f"{e.value}Response") for e in Event}
+
+
+StageMethod = Callable[[HookContext], Coroutine[Any, Any, Any]]
 
 
 class MemoryState:
@@ -130,6 +134,9 @@ class _Servicer:
         self._state = MemoryState()
         self._views = _ViewCache()
         self._subscriptions = subscriptions_of(hook)
+        self._methods: dict[tuple[Event, Stage], StageMethod] = {
+            (e, st): getattr(hook, stage_method_name(e, st)) for e, st in self._subscriptions
+        }
         sync = getattr(hook, "synchronize", None)
         self._synchronize = sync if inspect.iscoroutinefunction(sync) else None
 
@@ -249,32 +256,15 @@ class _Servicer:
         except _StageFailed as exc:
             return hook_pb2.StageResponse(seq=request.seq, error=str(exc))
 
-    def _context(
-        self, event: Event, stage: Stage, request: hook_pb2.StageRequest, timeout: float
-    ) -> HookContext:
-        cri_request = _REQUESTS[event].FromString(request.request)
-        cri_response = None
-        if stage is Stage.POST:
-            cri_response = _RESPONSES[event].FromString(request.response)
-        container = None
-        if request.HasField("container"):
-            container = self._views.container(request.container)
-        pod = self._views.pod(request.pod)
-        return HookContext(
-            event, stage, pod, container, cri_request, cri_response, self._state, timeout
-        )
-
     async def _answer(
         self, event: Event, stage: Stage, request: hook_pb2.StageRequest
     ) -> hook_pb2.StageResponse:
         name = stage_method_name(event, stage)
-        method = getattr(self._hook, name)
+        method = self._methods[(event, stage)]
         timeout = request.timeout_ms / 1000 if request.timeout_ms else DEFAULT_TIMEOUT
-        budget = asyncio.timeout(timeout + CANCEL_GRACE)
         try:
-            ctx = self._context(event, stage, request, timeout)
-            async with budget:
-                result = await method(ctx)
+            ctx = _PluginContext(event, stage, request, self._views, self._state, timeout)
+            result = await bounded(method(ctx), timeout + CANCEL_GRACE)
             if result is not None and not isinstance(result, Adjustment):
                 raise TypeError(f"expected an Adjustment or None, got {type(result).__name__}")
             response = hook_pb2.StageResponse(seq=request.seq)
@@ -283,12 +273,80 @@ class _Servicer:
             return response
         except Reject as exc:
             return hook_pb2.StageResponse(seq=request.seq, reject_reason=exc.reason or "rejected")
+        except BudgetExpired:
+            raise _StageFailed(f"{name} did not finish within {timeout * 1000:.0f} ms") from None
         except Exception as exc:
-            if isinstance(exc, TimeoutError) and budget.expired():
-                message = f"{name} did not finish within {timeout * 1000:.0f} ms"
-                raise _StageFailed(message) from None
             log.exception("%s failed", name)
             raise _StageFailed(f"{name}: {_describe(exc)}") from exc
+
+
+class _PluginContext(HookContext):
+    """The HookContext of one stage call in a plugin. The views and CRI messages are decoded
+    from the StageRequest on first use, so a hook pays only for what it reads; `request` is
+    the call's own decoded message (no copy needed: nobody else holds it)."""
+
+    __slots__ = ("_cache", "_msg", "_views")
+
+    def __init__(
+        self,
+        event: Event,
+        stage: Stage,
+        msg: hook_pb2.StageRequest,
+        views: _ViewCache,
+        state: MemoryState,
+        timeout: float,
+    ) -> None:
+        # The base initialiser would assign the views eagerly; these are its other slots.
+        self.event, self.stage, self.state, self.timeout = event, stage, state, timeout
+        self._msg = msg
+        self._views = views
+        self._cache: dict[str, Any] = {}
+
+    def _decoded(self, name: str) -> Any:
+        value = self._cache.get(name, self)
+        if value is self:
+            value = self._cache[name] = getattr(self, f"_decode_{name}")()
+        return value
+
+    @property
+    def pod(self) -> PodView:  # type: ignore[override]
+        view: PodView = self._decoded("pod")
+        return view
+
+    @property
+    def container(self) -> ContainerView | None:  # type: ignore[override]
+        view: ContainerView | None = self._decoded("container")
+        return view
+
+    @property
+    def request(self) -> Message:
+        message: Message = self._decoded("request")
+        return message
+
+    @property
+    def response(self) -> Message | None:  # type: ignore[override]
+        message: Message | None = self._decoded("response")
+        return message
+
+    def request_bytes(self) -> bytes:
+        data: bytes = self._msg.request
+        return data
+
+    def _decode_pod(self) -> PodView:
+        return self._views.pod(self._msg.pod)
+
+    def _decode_container(self) -> ContainerView | None:
+        if not self._msg.HasField("container"):
+            return None
+        return self._views.container(self._msg.container)
+
+    def _decode_request(self) -> Message:
+        return _REQUESTS[self.event].FromString(self._msg.request)
+
+    def _decode_response(self) -> Message | None:
+        if self.stage is not Stage.POST:
+            return None
+        return _RESPONSES[self.event].FromString(self._msg.response)
 
 
 def _describe(exc: BaseException) -> str:

@@ -18,12 +18,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.message import Message
 
+from crihook.hooks.eager import bounded
 from crihook.hooks.spec import (
     Adjustment,
     ChainHook,
@@ -122,36 +123,6 @@ class ChainEntry:
             return True
         # Asked every time: a plugin's subscriptions change when it (re)connects.
         return (event, stage) in self.hook.subscriptions()
-
-
-class _Resume:
-    """`await` for a coroutine that already ran its first step and suspended on `yielded`:
-    drives the rest of it from the awaiting task, exactly as awaiting it would have."""
-
-    __slots__ = ("_coro", "_yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
-        self._coro = coro
-        self._yielded = yielded
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, yielded = self._coro, self._yielded
-        while True:
-            try:
-                sent = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # the task throws in only its cancellation
-                try:
-                    yielded = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    yielded = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
@@ -284,20 +255,9 @@ class Chain:
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
-            # The first step runs inline: a hook that answers without waiting (most in-process
-            # ones) needs no timer. One that suspends gets the rest of its budget as a timeout
-            # (no extra task, unlike wait_for), unless it bounds its calls itself (plugins).
-            coro = entry.hook.call(ctx)
-            try:
-                yielded = coro.send(None)
-            except StopIteration as done:
-                adjustment = done.value
-            else:
-                if entry.bounds_own_calls:
-                    adjustment = await _Resume(coro, yielded)
-                else:
-                    async with asyncio.timeout(timeout - (time.perf_counter() - started)):
-                        adjustment = await _Resume(coro, yielded)
+            # Plugins end their own calls at ctx.timeout: no second timer for them.
+            budget = None if entry.bounds_own_calls else timeout
+            adjustment = await bounded(entry.hook.call(ctx), budget)
             if adjustment is not None and not isinstance(adjustment, Adjustment):
                 raise HookInvalidAdjustment(
                     entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"

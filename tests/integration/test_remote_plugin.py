@@ -374,6 +374,72 @@ async def test_reject_failure_and_post_stage(
     )
 
 
+class Recorder(Hook):
+    """Keeps what its pre- and post-CreateContainer calls saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, Any]] = []
+
+    async def pre_create_container(self, ctx: HookContext) -> None:
+        self._keep(ctx)
+
+    async def post_create_container(self, ctx: HookContext) -> None:
+        self._keep(ctx)
+
+    def _keep(self, ctx: HookContext) -> None:
+        self.seen.append(
+            {
+                "event": ctx.event,
+                "stage": ctx.stage,
+                "pod": ctx.pod,
+                "container": ctx.container,
+                "request": ctx.request,
+                "same request": ctx.request is ctx.request,  # decoded once
+                "request bytes": ctx.request_bytes(),
+                "response": ctx.response,
+                "timeout": ctx.timeout,
+            }
+        )
+
+
+async def test_a_plugin_hook_sees_what_crihook_sent(
+    sock_dir: Path, served: Any, remote: RemoteFactory
+) -> None:
+    recorder = Recorder()
+    socket = sock_dir / "recorder.sock"
+    await served(recorder, socket)
+    hook = await remote(socket)
+    await eventually(lambda: hook.connected, "connected")
+    pre, post = create_ctx("seen", timeout=1.5), post_create_ctx("c0ffee")
+    assert await hook.call(pre) is None
+    assert await hook.call(post) is None
+    assert recorder.seen == [
+        {
+            "event": Event.CREATE_CONTAINER,
+            "stage": Stage.PRE,
+            "pod": pre.pod,
+            "container": pre.container,
+            "request": pre.request,
+            "same request": True,
+            "request bytes": pre.request_bytes(),
+            "response": None,
+            "timeout": 1.5,
+        },
+        {
+            "event": Event.CREATE_CONTAINER,
+            "stage": Stage.POST,
+            "pod": post.pod,
+            "container": post.container,
+            "request": post.request,
+            "same request": True,
+            "request bytes": post.request_bytes(),
+            "response": api_pb2.CreateContainerResponse(container_id="c0ffee"),
+            "timeout": 2.0,
+        },
+    ]
+
+
 async def test_synchronize_receives_the_snapshot(
     sock_dir: Path, served: Any, remote: RemoteFactory
 ) -> None:
