@@ -14,7 +14,7 @@ import time
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BudgetExpired", "bounded"]
+__all__ = ["BudgetExpired", "bounded", "resume"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,15 @@ async def bounded(coro: Coroutine[Any, Any, T], budget: float | None) -> T:
     except StopIteration as done:
         result: T = done.value
         return result
+    return await resume(coro, yielded, budget, started)
+
+
+async def resume(
+    coro: Coroutine[Any, Any, T], yielded: Any, budget: float | None, started: float
+) -> T:
+    """The rest of `bounded()` for a caller that ran the first step itself (`coro.send(None)`
+    at `started`, a perf_counter reading) and saw it suspend on `yielded`. Callers on a hot
+    path do that inline to save a coroutine when the answer comes at once."""
     if budget is None:
         result = await _Resume(coro, yielded)
         return result

@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from crihook.hooks.eager import bounded
+from crihook.hooks.eager import resume
 from crihook.hooks.spec import (
     Adjustment,
     ChainHook,
@@ -104,15 +104,19 @@ class ChainEntry:
     settings: HookSettings
     breaker: Breaker
     counters: Counter[str] = field(default_factory=Counter)
+    # Read on every call: kept as plain attributes.
+    name: str = field(init=False)
+    base_name: str = field(init=False)
+    timeout: float = field(init=False)
+    """Seconds (timeout_ms)."""
     bounds_own_calls: bool = field(init=False)
     """The hook ends its own calls at ctx.timeout (a plugin does): no second timer."""
 
     def __post_init__(self) -> None:
+        self.name = self.settings.name
+        self.base_name = self.settings.base_name
+        self.timeout = self.settings.timeout_ms / 1000
         self.bounds_own_calls = bool(getattr(self.hook, "bounds_own_calls", False))
-
-    @property
-    def name(self) -> str:
-        return self.settings.name
 
     def wants(self, event: Event, stage: Stage) -> bool:
         if not self.settings.enabled:
@@ -199,7 +203,7 @@ class Chain:
             if not entry.wants(event, stage):
                 continue
             adjustment = await self._call(entry, merger, post, pod, container, response, deadline)
-            if not adjustment:
+            if adjustment is None:
                 continue
             if self.settings.dry_run or entry.settings.dry_run:
                 log.info(
@@ -213,7 +217,7 @@ class Chain:
                     continue
                 # Global dry-run: later hooks still see the adjusted request, so the log shows
                 # what the whole chain would do; the pipeline forwards the original bytes.
-            merger.add(entry.name, entry.settings.base_name, adjustment)
+            merger.add(entry.name, entry.base_name, adjustment)
         return merger
 
     async def _call(
@@ -226,11 +230,11 @@ class Chain:
         response: Message | None,
         deadline: float | None,
     ) -> Adjustment | None:
-        """One hook call: its valid adjustment, or None after an ignored failure; raises
-        for a Reject and for a failure under `fail`."""
+        """One hook call: its valid, non-empty adjustment, or None (nothing to apply, or an
+        ignored failure); raises for a Reject and for a failure under `fail`."""
         event, stage = merger.event, Stage.POST if post else Stage.PRE
         request = merger.request
-        timeout = entry.settings.timeout_ms / 1000
+        timeout = entry.timeout
         if deadline is not None:
             timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
         ctx = HookContext(
@@ -240,7 +244,7 @@ class Chain:
             container,
             request,
             response,
-            self._state_for(entry.settings.base_name),
+            self._state_for(entry.base_name),
             timeout,
         )
         if not entry.breaker.allows():
@@ -255,15 +259,26 @@ class Chain:
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
-            # Plugins end their own calls at ctx.timeout: no second timer for them.
-            budget = None if entry.bounds_own_calls else timeout
-            adjustment = await bounded(entry.hook.call(ctx), budget)
-            if adjustment is not None and not isinstance(adjustment, Adjustment):
+            # bounded(), with its first step inline: most in-process hooks answer at once and
+            # then cost no coroutine and no timer. Plugins end their own calls at ctx.timeout.
+            coro = entry.hook.call(ctx)
+            answer: object
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                answer = done.value
+            else:
+                budget = None if entry.bounds_own_calls else timeout
+                answer = await resume(coro, yielded, budget, started)
+            adjustment: Adjustment | None = None
+            if isinstance(answer, Adjustment):
+                if answer:  # an empty one has nothing to validate or apply
+                    merger.validate(entry.name, answer, post)
+                    adjustment = answer
+            elif answer is not None:
                 raise HookInvalidAdjustment(
-                    entry.name, f"returned {type(adjustment).__name__}, not an Adjustment"
+                    entry.name, f"returned {type(answer).__name__}, not an Adjustment"
                 )
-            if adjustment:
-                merger.validate(entry.name, adjustment, post)
         except Reject as exc:
             entry.breaker.success()  # it answered: a refusal is not a failure
             entry.counters["rejected"] += 1

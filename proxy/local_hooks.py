@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from crihook.hooks.spec import (
@@ -25,7 +25,7 @@ BUILTIN_HOOKS: dict[str, str] = {
     "annotate": "crihook.hooks.examples.annotate:AnnotateHook",
 }
 
-StageMethod = Callable[[HookContext], Awaitable[Adjustment | None]]
+StageMethod = Callable[[HookContext], Coroutine[Any, Any, Adjustment | None]]
 
 
 class LocalHook:
@@ -44,8 +44,9 @@ class LocalHook:
     def subscriptions(self) -> frozenset[tuple[Event, Stage]]:
         return self._subs
 
-    async def call(self, ctx: HookContext) -> Adjustment | None:
-        return await self._methods[(ctx.event, ctx.stage)](ctx)
+    def call(self, ctx: HookContext) -> Coroutine[Any, Any, Adjustment | None]:
+        # The stage method's own coroutine: no wrapper coroutine around it.
+        return self._methods[(ctx.event, ctx.stage)](ctx)
 
     async def start(self) -> None:
         await self.impl.start()

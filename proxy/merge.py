@@ -106,7 +106,7 @@ class Merger:
     def validate(self, hook: str, adjustment: Adjustment, post: bool) -> None:
         """Refuse fields the call cannot carry, before anything is applied."""
         allowed = frozenset() if post else ALLOWED_FIELDS[self.event]
-        for key in adjustment.changes:
+        for key, _ in adjustment.change_items():
             if key[0] not in allowed:
                 where = f"post-{self.event.value}" if post else self.event.value
                 raise HookInvalidAdjustment(
@@ -118,15 +118,14 @@ class Merger:
 
         Conflicts are checked for every field first, so a conflicting adjustment changes
         nothing (never half-applied)."""
-        winners: list[FieldKey] = []
-        for key in adjustment.changes:
+        winners: list[tuple[FieldKey, Any]] = []
+        for key, value in adjustment.change_items():
             owner = self.owners.get(key)
             if owner is None or owner == hook or self._wins(base_name, owner):
-                winners.append(key)
+                winners.append((key, value))
             elif self._conflict != "precedence" or not self._ranked(owner):
                 raise HookConflict(describe_key(key), owner, hook)
-        for key in winners:
-            value = adjustment.changes[key]
+        for key, value in winners:
             apply_change(self.event, self.request, key, value)
             self.owners[key] = hook
             self.values[key] = value

@@ -208,9 +208,9 @@ class Pipeline:
                 changed = True
         if not self.chain.entries or self.chain.exempt(call.pod):
             return None, changed
-        if not self.chain.wants(call.event, Stage.PRE):
-            return None, changed
         if self.chain.settings.dry_run:
+            if not self.chain.wants(call.event, Stage.PRE):
+                return None, changed
             # Every hook runs on a copy: the log shows what the chain would do, the runtime
             # and the store get what kubelet sent.
             scratch = type(call.request)()

@@ -12,7 +12,7 @@ may add different annotations but not the same one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
@@ -80,6 +80,7 @@ KEYED_FIELDS = frozenset(
         Field.CDI_DEVICE,
     }
 )
+_FIELD_NAMES = {f: f.value for f in Field}
 
 FieldKey = tuple[Field, str]
 """(field, key); the key is "" for scalar fields."""
@@ -105,7 +106,8 @@ REMOVE: Any = _Remove()
 def describe_key(key: FieldKey) -> str:
     """`annotation "a/b"`, `cpuset_cpus`: how a field is named in errors and the audit."""
     field, name = key
-    return f"{field.value} {name!r}" if field in KEYED_FIELDS else field.value
+    label = _FIELD_NAMES[field]  # Enum's .value is a slow descriptor; this is on the call path
+    return f"{label} {name!r}" if field in KEYED_FIELDS else label
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,10 @@ class Adjustment:
     @property
     def changes(self) -> Mapping[FieldKey, Any]:
         return MappingProxyType(self._changes)
+
+    def change_items(self) -> ItemsView[FieldKey, Any]:
+        """(field key, value) pairs, read-only; cheaper than `changes.items()`."""
+        return self._changes.items()
 
     @property
     def updates(self) -> tuple[ContainerUpdate, ...]:
