@@ -72,6 +72,9 @@ class Scenario:
     ``{dir}`` (this crihook instance's private directory; short enough for sockets) and
     ``{python}`` (this interpreter) are replaced. CPU of sidecars and of crihook's child
     processes is reported as plugins CPU. ``targets``: the README budget applies to it.
+    ``hooks``/``plugins``: how many in-process hooks / out-of-process plugins it chains on
+    CreateContainer; its added p50 over ``hooks-none``'s, divided by that number, is checked
+    against the per-hook / per-plugin budget.
     """
 
     name: str
@@ -83,6 +86,18 @@ class Scenario:
     sidecars: tuple[tuple[str, ...], ...] = ()
     default: bool = True
     targets: bool = False
+    hooks: int = 0
+    plugins: int = 0
+
+
+def _annotate_hooks(count: int) -> str:
+    """Config of `count` in-process annotate hooks, each adding its own annotation."""
+    order = ", ".join(f'"{10 * i}-a{i}"' for i in range(1, count + 1))
+    return f"[hooks]\norder = [{order}]\n" + "".join(
+        f'[hooks.a{i}]\nmodule = "crihook.hooks.examples.annotate:AnnotateHook"\n'
+        f'key = "bench.crihook.io/a{i}"\nvalue = "x"\n'
+        for i in range(1, count + 1)
+    )
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -104,15 +119,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="hooks-4",
         args=(),
-        config=(
-            '[hooks]\norder = ["10-a1", "20-a2", "30-a3", "40-a4"]\n'
-            + "".join(
-                f'[hooks.a{i}]\nmodule = "crihook.hooks.examples.annotate:AnnotateHook"\n'
-                f'key = "bench.crihook.io/a{i}"\nvalue = "x"\n'
-                for i in range(1, 5)
-            )
-        ),
+        config=_annotate_hooks(4),
         about="4 trivial in-process hooks on CreateContainer (each adds one annotation)",
+        hooks=4,
+    ),
+    Scenario(
+        name="hooks-1",
+        args=(),
+        config=_annotate_hooks(1),
+        about="1 trivial in-process hook: with hooks-4, splits what having hooks at all costs "
+        "from what each one adds. Not measured by default",
+        default=False,
+        hooks=1,
     ),
     Scenario(
         name="plugin-1",
@@ -137,6 +155,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         about="the example annotate plugin out of process, over its persistent stream",
+        plugins=1,
     ),
 )
 
@@ -177,6 +196,9 @@ class Budget:
     )
     cpu_us_per_call: float = 450.0
     idle_rss_mib: float = 60.0
+    # CreateContainer, added p50 over the no-hook scenario, per hook in the chain.
+    per_hook_us: float = 30.0
+    per_plugin_us: float = 400.0
 
 
 BUDGET = Budget()
@@ -765,7 +787,10 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
 
 
 def check_targets(
-    summary: list[dict[str, Any]], rss: list[dict[str, Any]], scenarios: list[Scenario]
+    summary: list[dict[str, Any]],
+    rss: list[dict[str, Any]],
+    scenarios: list[Scenario],
+    rows: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     by_key = {(e["backend"], e["method"], e["concurrency"], e["path"]): e for e in summary}
     checks: list[dict[str, Any]] = []
@@ -795,6 +820,31 @@ def check_targets(
                     f"{scenario.name}: idle RSS (fake runtime)",
                     r["idle_rss_bytes"] / MiB, BUDGET.idle_rss_mib, "MiB",
                 )  # fmt: skip
+    # Per hook: paired within each rep (this scenario's p50 minus hooks-none's, measured
+    # minutes apart at most), then the median over reps; drift between reps cancels out.
+    p50 = {
+        (r["rep"], r["path"]): r["p50_us"]
+        for r in rows
+        if (r["backend"], r["method"], r["concurrency"]) == ("fake", "CreateContainer", 1)
+    }
+    for scenario in scenarios:
+        for count, kind, limit in (
+            (scenario.hooks, "in-process hook", BUDGET.per_hook_us),
+            (scenario.plugins, "out-of-process plugin", BUDGET.per_plugin_us),
+        ):
+            if not count:
+                continue
+            paired = [
+                (value - p50[(rep, "hooks-none")]) / count
+                for (rep, path), value in p50.items()
+                if path == scenario.name and (rep, "hooks-none") in p50
+            ]
+            check(
+                f"{scenario.name}: fake runtime, c=1, CreateContainer: added p50 per {kind} "
+                f"(p50 over hooks-none's in the same rep, ÷ {count}; median of "
+                f"{len(paired)} reps)",
+                statistics.median(paired) if paired else None, limit, "µs",
+            )  # fmt: skip
     return checks
 
 
@@ -1027,7 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.close()
     rows = per_rep_rows(records)
     summary = summarize(rows, bench.cells())
-    targets = check_targets(summary, rss, bench.scenarios)
+    targets = check_targets(summary, rss, bench.scenarios, rows)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": _machine(),
