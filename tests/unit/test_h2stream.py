@@ -10,7 +10,7 @@ import grpc
 import hpack
 import pytest
 
-from crihook.hooks.remote import h2stream
+from crihook.hooks.remote import h2
 from crihook.hooks.remote.h2stream import GrpcStream, StreamEnded
 
 PATH = "/crihook.hook.v1.Plugin/Stream"
@@ -32,8 +32,8 @@ class Transport:
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         """(type, flags, stream id, payload) of everything written after the preface."""
         data = bytes(self.written)
-        if data.startswith(h2stream.PREFACE):
-            data = data[len(h2stream.PREFACE) :]
+        if data.startswith(h2.PREFACE):
+            data = data[len(h2.PREFACE) :]
         out = []
         while data:
             length = int.from_bytes(data[:3], "big")
@@ -107,7 +107,7 @@ RESPONSE_HEADERS = [(":status", "200"), ("content-type", "application/grpc")]
 
 
 async def test_opening_writes_preface_settings_window_and_request_headers(opened: Opened) -> None:
-    assert bytes(opened.transport.written).startswith(h2stream.PREFACE)
+    assert bytes(opened.transport.written).startswith(h2.PREFACE)
     kinds = [(k, f, s) for k, f, s, _ in opened.transport.frames()]
     assert kinds == [(4, 0, 0), (8, 0, 0), (1, 0x4, 1)]
     _, _, _, settings_payload = opened.transport.frames()[0]
@@ -276,7 +276,7 @@ async def test_goaway_alone_does_not_end_the_stream(opened: Opened) -> None:
 async def test_window_is_refilled_after_a_gigabyte(
     opened: Opened, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(h2stream, "REFILL_AFTER", 100)
+    monkeypatch.setattr(h2, "REFILL_AFTER", 100)
     opened.feed(opened.peer.headers(RESPONSE_HEADERS))
     opened.transport.take()
     opened.feed(frame(0, 0, 1, grpc_message(b"z" * 95)))  # 100 bytes of DATA
