@@ -14,7 +14,11 @@ hook's optional `async synchronize(pods, containers) -> Sequence[ContainerUpdate
 and each stage (on the persistent Stream, or one unary RPC per stage) by decoding the CRI
 request, calling the stage method with a HookContext and sending back its Adjustment.
 `Reject` becomes the call's reject_reason; any other exception fails the call (the plugin
-logs it with its traceback). Calls on the Stream run concurrently, each in its own task.
+logs it with its traceback). Calls on the Stream run concurrently: a hook that answers
+without waiting is answered at once, one that waits continues in its own task.
+
+The server is crihook.hooks.remote.h2server: gRPC spoken directly over HTTP/2, so that a
+call on the Stream costs the plugin a read and a write instead of two grpc.aio batches.
 """
 
 from __future__ import annotations
@@ -27,22 +31,17 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-from crihook.grpc_tuning import CLASSIC_ENDPOINTS
-
-# A plugin is one side of every hop: the cheaper endpoints (bench/README.md), unless the
-# operator chose; before grpc loads.
-os.environ.setdefault("GRPC_EXPERIMENTS", CLASSIC_ENDPOINTS)
+from typing import Any, TypeAlias
 
 import grpc
-from google.protobuf.message import Message  # type: ignore[import-untyped, unused-ignore]
+from google.protobuf.message import DecodeError, Message  # type: ignore[import-untyped, unused-ignore]
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
-from crihook.hooks.eager import BudgetExpired, bounded
+from crihook.hooks.eager import BudgetExpired, resume
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -52,6 +51,7 @@ from crihook.hooks.remote.convert import (
     subscriptions_to_proto,
     update_to_proto,
 )
+from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, RpcError, UnaryHandler
 from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
 from crihook.hooks.spec.errors import Reject
 from crihook.hooks.spec.events import Event, Stage, stage_method_name
@@ -68,7 +68,6 @@ DEFAULT_TIMEOUT = 1.0  # when crihook sent no budget (timeout_ms = 0)
 # The hook is cancelled a little after crihook stops waiting, so a hung hook does not pile up
 # tasks, while crihook still sees its own timeout first.
 CANCEL_GRACE = 0.1
-_MAX_MESSAGE = 64 << 20
 _REQUESTS: dict[Event, type[Message]] = {e: getattr(api_pb2, f"{e.value}Request") for e in Event}
 _RESPONSES: dict[Event, type[Message]] = {e: getattr(api_pb2, f"{e.value}Response") for e in Event}
 
@@ -122,8 +121,8 @@ class _ViewCache:
         return view
 
 
-class _StageFailed(Exception):
-    """The hook raised (not Reject): a plugin failure, reported to crihook."""
+# A stage call's answer: given at once, or still to come (a coroutine to run in a task).
+Answer: TypeAlias = "hook_pb2.StageResponse | Coroutine[Any, Any, hook_pb2.StageResponse]"
 
 
 class _Servicer:
@@ -140,38 +139,21 @@ class _Servicer:
         sync = getattr(hook, "synchronize", None)
         self._synchronize = sync if inspect.iscoroutinefunction(sync) else None
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        stage_request = hook_pb2.StageRequest.FromString
-        stage_response = hook_pb2.StageResponse.SerializeToString
-        methods: dict[str, grpc.RpcMethodHandler] = {
-            "Configure": grpc.unary_unary_rpc_method_handler(
-                self.configure,
-                request_deserializer=hook_pb2.ConfigureRequest.FromString,
-                response_serializer=hook_pb2.ConfigureResponse.SerializeToString,
-            ),
-            "Synchronize": grpc.unary_unary_rpc_method_handler(
-                self.synchronize,
-                request_deserializer=hook_pb2.SynchronizeRequest.FromString,
-                response_serializer=hook_pb2.SynchronizeResponse.SerializeToString,
-            ),
-            "Stream": grpc.stream_stream_rpc_method_handler(
-                self.stream, request_deserializer=stage_request, response_serializer=stage_response
-            ),
+    def routes(self) -> tuple[dict[str, UnaryHandler], dict[str, BidiHandler]]:
+        """The Plugin service's methods by path: unary ones and the bidi Stream."""
+        unary: dict[str, UnaryHandler] = {
+            f"/{SERVICE}/Configure": self.configure,
+            f"/{SERVICE}/Synchronize": self.synchronize,
         }
         for event in Event:
             for stage in Stage:
                 name = stage.value.capitalize() + event.value
-                methods[name] = grpc.unary_unary_rpc_method_handler(
-                    self._unary_handler(event, stage),
-                    request_deserializer=stage_request,
-                    response_serializer=stage_response,
-                )
-        return grpc.method_handlers_generic_handler(SERVICE, methods)
+                unary[f"/{SERVICE}/{name}"] = self._unary_handler(event, stage)
+        return unary, {f"/{SERVICE}/Stream": lambda call: _StreamSession(self, call)}
 
     # --- Configure / Synchronize --------------------------------------------------------------
-    async def configure(
-        self, request: hook_pb2.ConfigureRequest, context: grpc.aio.ServicerContext
-    ) -> hook_pb2.ConfigureResponse:
+    async def configure(self, data: bytes) -> bytes:
+        request = hook_pb2.ConfigureRequest.FromString(data)
         log.info(
             "configured by crihook %s as %s (protocol %s, timeout %d ms)",
             request.crihook_version,
@@ -183,67 +165,43 @@ class _Servicer:
         return hook_pb2.ConfigureResponse(
             subscriptions=subscriptions_to_proto(self._subscriptions),
             plugin_version=version if isinstance(version, str) else "",
-        )
+        ).SerializeToString()
 
-    async def synchronize(
-        self, request: hook_pb2.SynchronizeRequest, context: grpc.aio.ServicerContext
-    ) -> hook_pb2.SynchronizeResponse:
+    async def synchronize(self, data: bytes) -> bytes:
         if self._synchronize is None:
-            return hook_pb2.SynchronizeResponse()
+            return b""
+        request = hook_pb2.SynchronizeRequest.FromString(data)
         pods = [pod_from_proto(p) for p in request.pods]
         containers = [container_from_proto(c) for c in request.containers]
         try:
             updates: Sequence[ContainerUpdate] | None = await self._synchronize(pods, containers)
         except Exception as exc:
             log.exception("synchronize failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"synchronize: {_describe(exc)}")
-            raise  # not reached: abort raises
-        return hook_pb2.SynchronizeResponse(updates=[update_to_proto(u) for u in updates or ()])
+            raise RpcError(grpc.StatusCode.INTERNAL, f"synchronize: {_describe(exc)}") from exc
+        response = hook_pb2.SynchronizeResponse(updates=[update_to_proto(u) for u in updates or ()])
+        return response.SerializeToString()
 
     # --- stages ---------------------------------------------------------------------------------
-    def _unary_handler(
-        self, event: Event, stage: Stage
-    ) -> Callable[[hook_pb2.StageRequest, grpc.aio.ServicerContext], Awaitable[Any]]:
-        async def handle(
-            request: hook_pb2.StageRequest, context: grpc.aio.ServicerContext
-        ) -> hook_pb2.StageResponse:
+    def _unary_handler(self, event: Event, stage: Stage) -> UnaryHandler:
+        async def handle(data: bytes) -> bytes:
             if (event, stage) not in self._subscriptions:
                 missing = f"the hook has no {stage_method_name(event, stage)}"
-                await context.abort(grpc.StatusCode.UNIMPLEMENTED, missing)
+                raise RpcError(grpc.StatusCode.UNIMPLEMENTED, missing)
             try:
-                return await self._answer(event, stage, request)
-            except _StageFailed as exc:
-                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-                raise  # not reached: abort raises
+                request = hook_pb2.StageRequest.FromString(data)
+            except DecodeError as exc:
+                raise RpcError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"bad StageRequest: {exc}"
+                ) from exc
+            answer = self._begin(event, stage, request)
+            response = answer if isinstance(answer, hook_pb2.StageResponse) else await answer
+            if response.error:
+                raise RpcError(grpc.StatusCode.INTERNAL, response.error)
+            return response.SerializeToString()
 
         return handle
 
-    async def stream(
-        self, requests: AsyncIterator[hook_pb2.StageRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        write_lock = asyncio.Lock()  # grpc allows one write in flight per stream
-        running: set[asyncio.Task[None]] = set()
-
-        async def answer(request: hook_pb2.StageRequest) -> None:
-            response = await self._answer_on_stream(request)
-            try:
-                async with write_lock:
-                    await context.write(response)
-            except (grpc.RpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-                log.debug("seq %d: crihook is gone, answer dropped (%s)", request.seq, exc)
-
-        try:
-            async for request in requests:
-                task = asyncio.create_task(answer(request), name=f"crihook-sdk-seq-{request.seq}")
-                running.add(task)
-                task.add_done_callback(running.discard)
-            await asyncio.gather(*running)  # crihook closed its side: finish, then end
-        finally:
-            for task in list(running):
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-
-    async def _answer_on_stream(self, request: hook_pb2.StageRequest) -> hook_pb2.StageResponse:
+    def answer_on_stream(self, request: hook_pb2.StageRequest) -> Answer:
         try:
             event, stage = event_from_proto(request.event), stage_from_proto(request.stage)
         except ValueError as exc:
@@ -251,33 +209,112 @@ class _Servicer:
         if (event, stage) not in self._subscriptions:
             error = f"the hook has no {stage_method_name(event, stage)}"
             return hook_pb2.StageResponse(seq=request.seq, error=error)
-        try:
-            return await self._answer(event, stage, request)
-        except _StageFailed as exc:
-            return hook_pb2.StageResponse(seq=request.seq, error=str(exc))
+        return self._begin(event, stage, request)
 
-    async def _answer(
-        self, event: Event, stage: Stage, request: hook_pb2.StageRequest
-    ) -> hook_pb2.StageResponse:
-        name = stage_method_name(event, stage)
-        method = self._methods[(event, stage)]
+    def _begin(self, event: Event, stage: Stage, request: hook_pb2.StageRequest) -> Answer:
+        """Call the stage method. Its answer, if it gives one without waiting (most do, and
+        then cost no task and no timer); else a coroutine that finishes the call, to be run
+        in a task: the method's budget (`timeout_ms`) applies from here."""
         timeout = request.timeout_ms / 1000 if request.timeout_ms else DEFAULT_TIMEOUT
+        started = time.perf_counter()
         try:
             ctx = _PluginContext(event, stage, request, self._views, self._state, timeout)
-            result = await bounded(method(ctx), timeout + CANCEL_GRACE)
-            if result is not None and not isinstance(result, Adjustment):
-                raise TypeError(f"expected an Adjustment or None, got {type(result).__name__}")
-            response = hook_pb2.StageResponse(seq=request.seq)
-            if result:
-                response.adjustment.CopyFrom(adjustment_to_proto(result))
-            return response
-        except Reject as exc:
-            return hook_pb2.StageResponse(seq=request.seq, reject_reason=exc.reason or "rejected")
-        except BudgetExpired:
-            raise _StageFailed(f"{name} did not finish within {timeout * 1000:.0f} ms") from None
+            coro = self._methods[(event, stage)](ctx)
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                return self._answered(event, stage, request, done.value)
         except Exception as exc:
-            log.exception("%s failed", name)
-            raise _StageFailed(f"{name}: {_describe(exc)}") from exc
+            return self._failed(event, stage, request, exc)
+        return self._finish(
+            event, stage, request, resume(coro, yielded, timeout + CANCEL_GRACE, started)
+        )
+
+    async def _finish(
+        self,
+        event: Event,
+        stage: Stage,
+        request: hook_pb2.StageRequest,
+        rest: Coroutine[Any, Any, Any],
+    ) -> hook_pb2.StageResponse:
+        try:
+            result = await rest
+        except Exception as exc:
+            return self._failed(event, stage, request, exc)
+        return self._answered(event, stage, request, result)
+
+    def _answered(
+        self, event: Event, stage: Stage, request: hook_pb2.StageRequest, result: object
+    ) -> hook_pb2.StageResponse:
+        if result is not None and not isinstance(result, Adjustment):
+            error = TypeError(f"expected an Adjustment or None, got {type(result).__name__}")
+            return self._failed(event, stage, request, error)
+        response = hook_pb2.StageResponse(seq=request.seq)
+        if result:
+            response.adjustment.CopyFrom(adjustment_to_proto(result))
+        return response
+
+    def _failed(
+        self, event: Event, stage: Stage, request: hook_pb2.StageRequest, exc: Exception
+    ) -> hook_pb2.StageResponse:
+        """A Reject becomes the reject reason; any other failure, the error."""
+        if isinstance(exc, Reject):
+            return hook_pb2.StageResponse(seq=request.seq, reject_reason=exc.reason or "rejected")
+        name = stage_method_name(event, stage)
+        if isinstance(exc, BudgetExpired):
+            timeout = request.timeout_ms or DEFAULT_TIMEOUT * 1000
+            error = f"{name} did not finish within {timeout:.0f} ms"
+        else:
+            log.error("%s failed", name, exc_info=exc)
+            error = f"{name}: {_describe(exc)}"
+        return hook_pb2.StageResponse(seq=request.seq, error=error)
+
+
+class _StreamSession:
+    """The plugin's side of crihook's Stream: each StageRequest is answered as soon as its
+    hook returns. A hook that answers without waiting is run inline, in the read callback;
+    one that waits continues in a task, so calls on the stream run concurrently."""
+
+    def __init__(self, servicer: _Servicer, call: BidiCall) -> None:
+        self._servicer = servicer
+        self._call = call
+        self._running: set[asyncio.Task[None]] = set()
+        self._half_closed = False
+
+    def message(self, data: bytes) -> None:
+        try:
+            request = hook_pb2.StageRequest.FromString(data)
+        except DecodeError as exc:
+            self._call.finish(grpc.StatusCode.INVALID_ARGUMENT, f"bad StageRequest: {exc}")
+            return
+        answer = self._servicer.answer_on_stream(request)
+        if isinstance(answer, hook_pb2.StageResponse):
+            self._call.send(answer.SerializeToString())
+            return
+        task = asyncio.ensure_future(self._later(answer))
+        self._running.add(task)
+        task.add_done_callback(self._done)
+
+    async def _later(self, answer: Awaitable[hook_pb2.StageResponse]) -> None:
+        response = await answer
+        self._call.send(response.SerializeToString())
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("answering on the stream failed: %r", task.exception())
+        if self._half_closed and not self._running:
+            self._call.finish()
+
+    def half_closed(self) -> None:
+        """crihook closed its side: finish what runs, then end the call."""
+        self._half_closed = True
+        if not self._running:
+            self._call.finish()
+
+    def cancelled(self) -> None:
+        for task in list(self._running):
+            task.cancel()
 
 
 class _PluginContext(HookContext):
@@ -357,7 +394,7 @@ def _describe(exc: BaseException) -> str:
 class PluginServer:
     """A running plugin: `stop()` ends it (and closes the hook)."""
 
-    def __init__(self, server: grpc.aio.Server, hook: Hook, socket_path: Path) -> None:
+    def __init__(self, server: GrpcServer, hook: Hook, socket_path: Path) -> None:
         self.socket_path = socket_path
         self._server = server
         self._hook = hook
@@ -377,7 +414,7 @@ class PluginServer:
         await self._hook.close()
 
     async def wait_closed(self) -> None:
-        await self._server.wait_for_termination()
+        await self._server.wait_closed()
 
 
 async def serve(hook: Hook, socket_path: str | os.PathLike[str]) -> PluginServer:
@@ -388,20 +425,14 @@ async def serve(hook: Hook, socket_path: str | os.PathLike[str]) -> PluginServer
     path = Path(socket_path)
     await _clear_stale_socket(path)
     await hook.start()
-    server = grpc.aio.server(
-        handlers=[_Servicer(hook).handler()],
-        options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE),
-            ("grpc.max_send_message_length", _MAX_MESSAGE),
-        ],
-    )
+    unary, bidi = _Servicer(hook).routes()
+    server = GrpcServer(unary, bidi)
     old_umask = os.umask(0o777 & ~SOCKET_MODE)  # the socket is created with the right mode
     try:
-        server.add_insecure_port(f"unix://{path}")
+        await server.start(str(path))
     finally:
         os.umask(old_umask)
     os.chmod(path, SOCKET_MODE)
-    await server.start()
     log.info("serving %s on %s", type(hook).__name__, path)
     return PluginServer(server, hook, path)
 
