@@ -1,9 +1,9 @@
-"""grpc core settings crihook's processes (the proxy, SDK plugins) run with.
+"""grpc core settings `crihook serve` runs with.
 
 grpc's EventEngine-based endpoints cost ~100 µs more CPU per call on each side of a unix
 socket hop than the classic iomgr ones (bench/README.md). They are chosen when grpc loads,
-so the entry points set GRPC_EXPERIMENTS to CLASSIC_ENDPOINTS (unless the operator set it)
-before their first `import grpc`.
+so the CLI sets GRPC_EXPERIMENTS to CLASSIC_ENDPOINTS (unless the operator set it) before
+its first `import grpc`; the bench's tools use the same value.
 """
 
 from __future__ import annotations
