@@ -194,13 +194,19 @@ async def test_a_bidi_call_from_grpc_stream(sock_path: str, served: Any) -> None
     assert got == payloads
 
 
+async def slow_call_in_flight(channel: grpc.aio.Channel, handlers: Handlers) -> Any:
+    """A Slow call, once its handler is running (it waits for handlers.release)."""
+    in_flight = asyncio.ensure_future(unary(channel, "Slow")(b"", timeout=20))
+    async with asyncio.timeout(20):
+        await handlers.slow_started.wait()
+    return in_flight
+
+
 async def test_graceful_stop_lets_calls_finish_and_refuses_new_ones(
     channel: grpc.aio.Channel, served: Any
 ) -> None:
     server, handlers = served
-    in_flight = asyncio.ensure_future(unary(channel, "Slow")(b"", timeout=20))
-    async with asyncio.timeout(20):
-        await handlers.slow_started.wait()
+    in_flight = await slow_call_in_flight(channel, handlers)
     stopping = asyncio.ensure_future(server.stop(10))
     await asyncio.sleep(0.2)
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -217,9 +223,7 @@ async def test_a_second_stop_without_grace_cancels_calls_in_flight(
     channel: grpc.aio.Channel, served: Any
 ) -> None:
     server, handlers = served
-    in_flight = asyncio.ensure_future(unary(channel, "Slow")(b"", timeout=20))
-    async with asyncio.timeout(20):
-        await handlers.slow_started.wait()
+    in_flight = await slow_call_in_flight(channel, handlers)
     graceful = asyncio.ensure_future(server.stop(60))
     await asyncio.sleep(0.1)
     async with asyncio.timeout(20):

@@ -125,6 +125,21 @@ async def sleep_long(ctx: HookContext) -> Any:
     await asyncio.sleep(30)
 
 
+def sleep_noting_cancel(cancelled: list[bool], entered: asyncio.Event | None = None) -> Answer:
+    """Sleeps long; notes in `cancelled` when it is cancelled."""
+
+    async def answer(ctx: HookContext) -> None:
+        if entered is not None:
+            entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    return answer
+
+
 # --- order and what each hook sees --------------------------------------------------------
 
 
@@ -292,15 +307,8 @@ async def test_precedence_setting_decides_a_conflict() -> None:
 
 async def test_timeout_with_fail_policy_raises_hook_timeout_and_cancels_the_hook() -> None:
     cancelled: list[bool] = []
-
-    async def slow(ctx: HookContext) -> None:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-
     calls: list[str] = []
+    slow = sleep_noting_cancel(cancelled)
     entry = make_entry(Probe("10-slow", calls, slow), "10-slow", timeout_ms=20)
     chain = make_chain([entry])
     with pytest.raises(HookTimeout) as info:
@@ -371,16 +379,8 @@ async def test_a_hook_that_blocks_before_it_waits_still_times_out() -> None:
 async def test_cancelling_the_call_cancels_a_waiting_hook_without_a_verdict() -> None:
     entered = asyncio.Event()
     cancelled: list[bool] = []
-
-    async def waits(ctx: HookContext) -> None:
-        entered.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-
     calls: list[str] = []
+    waits = sleep_noting_cancel(cancelled, entered)
     entry = make_entry(Probe("10-w", calls, waits), "10-w", timeout_ms=60_000)
     task = asyncio.create_task(run_create(make_chain([entry])))
     await entered.wait()
