@@ -312,6 +312,8 @@ class GrpcServer:
         if grace is None or grace <= 0:
             self._abort.set()
         if self._stopping:
+            if not self._abort.is_set():  # the first stop's grace may be longer: cut it
+                asyncio.get_running_loop().call_later(grace or 0, self._abort.set)
             await self._stopped.wait()
             return
         self._stopping = True

@@ -219,15 +219,16 @@ async def test_graceful_stop_lets_calls_finish_and_refuses_new_ones(
         await stopping
 
 
-async def test_a_second_stop_without_grace_cancels_calls_in_flight(
-    channel: grpc.aio.Channel, served: Any
+@pytest.mark.parametrize("second_grace", [None, 0.2], ids=["no-grace", "shorter-grace"])
+async def test_a_second_stop_with_less_grace_cancels_calls_in_flight(
+    channel: grpc.aio.Channel, served: Any, second_grace: float | None
 ) -> None:
     server, handlers = served
     in_flight = await slow_call_in_flight(channel, handlers)
     graceful = asyncio.ensure_future(server.stop(60))
     await asyncio.sleep(0.1)
     async with asyncio.timeout(20):
-        await server.stop(None)
+        await server.stop(second_grace)
         await graceful
         await handlers.slow_cancelled.wait()
         with pytest.raises(grpc.aio.AioRpcError) as info:
