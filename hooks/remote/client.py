@@ -308,12 +308,15 @@ class _Connection:
 
     # --- calls ----------------------------------------------------------------------------------
     async def call(self, ctx: HookContext) -> Adjustment | None:
+        budget = ctx.timeout
         if self.streaming:
+            started = time.monotonic()
             try:
                 return await self._call_stream(ctx)
             except _UseUnary:
-                pass
-        return await self._call_unary(ctx)
+                # Resent unary, within what is left: the call as a whole keeps ctx.timeout.
+                budget = max(ctx.timeout - (time.monotonic() - started), 0.001)
+        return await self._call_unary(ctx, budget)
 
     async def _call_stream(self, ctx: HookContext) -> Adjustment | None:
         assert self._stream is not None, "calls start after open_stream()"
@@ -334,10 +337,10 @@ class _Connection:
             self._pending.pop(seq, None)
         return _result(response)
 
-    async def _call_unary(self, ctx: HookContext) -> Adjustment | None:
+    async def _call_unary(self, ctx: HookContext, budget: float) -> Adjustment | None:
         method = self._unary[(ctx.event, ctx.stage)]
         try:
-            response = await method(self._encode(0, ctx), timeout=ctx.timeout)
+            response = await method(self._encode(0, ctx), timeout=budget)
         except grpc.aio.AioRpcError as exc:
             raise self._unary_error(exc, ctx) from None
         return _result(response)
