@@ -1,0 +1,84 @@
+"""What the pipeline records for a CreateContainer, in process with a stub runtime: the
+container's view as the runtime got it, whether hooks changed the request or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.examples.annotate import AnnotateHook
+from crihook.hooks.spec import Event
+from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
+from crihook.proxy.chain import Chain
+from crihook.proxy.config import ChainSettings, HookSettings
+from crihook.proxy.local_hooks import LocalHook
+from crihook.proxy.passthrough import Readiness
+from crihook.proxy.pipeline import Pipeline
+from crihook.proxy.store import Store
+from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
+
+CONTAINER_ID = "c" * 64
+
+
+class StubRuntime:
+    """Answers CreateContainer with a fixed id and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def unary(self, path: str) -> Any:
+        async def call(data: bytes, **options: Any) -> bytes:
+            self.sent.append(data)
+            return api_pb2.CreateContainerResponse(container_id=CONTAINER_ID).SerializeToString()
+
+        return call
+
+
+class Context:
+    def time_remaining(self) -> float:
+        return 60.0
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+def create_request() -> api_pb2.CreateContainerRequest:
+    pod = burstable_pod("web")
+    return api_pb2.CreateContainerRequest(
+        pod_sandbox_id="sandbox-1",
+        config=container_config(pod, pod.containers[0], image_ref="busybox", node_memory=1 << 34),
+        sandbox_config=sandbox_config(pod, log_root="/var/log/pods"),
+    )
+
+
+@pytest.mark.parametrize("hooks", [0, 1], ids=["no-hooks", "one-hook"])
+async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, hooks: int) -> None:
+    store = Store(tmp_path)
+    chain = Chain(ChainSettings(), store.hook_state)
+    chain.set_builtin(
+        [
+            Chain.entry(
+                LocalHook("10-annotate", AnnotateHook({"key": "example.com/k", "value": "v"})),
+                HookSettings(name="10-annotate"),
+            )
+        ][:hooks]
+    )
+    readiness = Readiness()
+    readiness.set(True)
+    runtime = StubRuntime()
+    pipeline = Pipeline(runtime, chain, store, readiness)  # type: ignore[arg-type]
+    raw = create_request().SerializeToString()
+
+    answer = await pipeline.handle(Event.CREATE_CONTAINER, raw, Context())  # type: ignore[arg-type]
+
+    assert api_pb2.CreateContainerResponse.FromString(answer).container_id == CONTAINER_ID
+    got = api_pb2.CreateContainerRequest.FromString(runtime.sent[0])
+    assert (runtime.sent[0] == raw) is (hooks == 0)  # unchanged: kubelet's own bytes
+    pod = pod_view_from_config(got.pod_sandbox_id, got.sandbox_config)
+    record = store.container(CONTAINER_ID)
+    assert record is not None
+    assert record.view == container_view_from_config(CONTAINER_ID, pod, got.config)
+    assert ("example.com/k" in record.view.annotations) is (hooks == 1)
