@@ -24,12 +24,15 @@ import grpc
 import hpack
 
 __all__ = [
-    "DEFAULT_MAX_FRAME",
+    "CANCEL",
     "MAX_MESSAGE",
     "PREFACE",
     "GrpcMessages",
     "H2Connection",
     "ProtocolError",
+    "decode_grpc_message",
+    "encode_grpc_message",
+    "frame",
     "grpc_message_prefix",
     "status_from_header",
 ]
