@@ -247,7 +247,8 @@ class Chain:
             self._state_for(entry.base_name),
             timeout,
         )
-        if not entry.breaker.allows():
+        breaker = entry.breaker
+        if breaker.failures >= breaker.threshold and not breaker.allows():
             entry.counters["skipped"] += 1
             skipped = HookUnavailable(
                 entry.name,
@@ -302,7 +303,8 @@ class Chain:
             log.debug("hook %s raised", entry.name, exc_info=True)
             error = HookError(entry.name, f"failed: {type(exc).__name__}: {exc}")
         else:
-            entry.breaker.success()
+            if breaker.failures or breaker.probing:
+                breaker.success()
             if log.isEnabledFor(logging.DEBUG):
                 elapsed = (time.perf_counter() - started) * 1000
                 log.debug(

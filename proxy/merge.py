@@ -29,7 +29,7 @@ from crihook.hooks.spec.adjustment import (
 from crihook.hooks.spec.events import Event
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
-__all__ = ["ALLOWED_FIELDS", "FieldChange", "Merger", "apply_change"]
+__all__ = ["ALLOWED_FIELDS", "FieldChange", "Merger", "apply_change", "jsonable"]
 
 _CONTAINER_FIELDS = RESOURCE_FIELDS | {
     Field.LABEL,
@@ -72,10 +72,11 @@ class FieldChange:
     value: Any
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hook": self.hook, "field": self.field, "value": _jsonable(self.value)}
+        return {"hook": self.hook, "field": self.field, "value": jsonable(self.value)}
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """An adjustment's value as the audit stores it."""
     if value is REMOVE:
         return "<removed>"
     if isinstance(value, bytes):

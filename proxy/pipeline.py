@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from typing import Any, NoReturn
 
 import grpc
@@ -21,14 +20,16 @@ from google.protobuf.message import DecodeError, Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, Event, PodView, Stage
+from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field, describe_key
 from crihook.hooks.spec.views import (
     container_view_from_config,
+    container_view_updated,
     pod_view_from_config,
     resources_view,
 )
 from crihook.proxy.chain import Chain
 from crihook.proxy.errors import CrihookError
-from crihook.proxy.merge import FieldChange, Merger
+from crihook.proxy.merge import Merger, jsonable
 from crihook.proxy.methods import INTERCEPTED, method_path
 from crihook.proxy.passthrough import Readiness, abort_with, call_options
 from crihook.proxy.runtime_client import RuntimeClient
@@ -258,11 +259,16 @@ class Pipeline:
             if call.pod_record is None:
                 pod = pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
                 self.store.put_pod(PodRecord(pod))
-            if merger is None or not merger.changed:  # what kubelet sent: the call's own view
-                assert call.container is not None
-                view = replace(call.container, id=response.container_id)
-            else:
-                view = container_view_from_config(response.container_id, pod, req.config)
+            assert call.container is not None
+            changed = {key[0] for key in merger.owners} if merger else set()
+            view = container_view_updated(
+                call.container,
+                response.container_id,
+                req.config,
+                labels=Field.LABEL in changed,
+                annotations=Field.ANNOTATION in changed,
+                resources=not changed.isdisjoint(RESOURCE_FIELDS),
+            )
             self.store.put_container(ContainerRecord(view, audit))
         elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
             record = call.container_record
@@ -366,9 +372,15 @@ def build_update_request(
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
-    now = time.time()
-    changes: list[FieldChange] = merger.audit()
-    return {c.field: {**c.to_dict(), "event": event.value, "at": now} for c in changes}
+    """The store's audit entries of one call: per field, who set it to what (the dicts of
+    FieldChange.to_dict plus the call), built directly: this runs on every adjusted call."""
+    now, name, values = time.time(), event.value, merger.values
+    entries = {}
+    for key, hook in merger.owners.items():
+        label = describe_key(key)
+        value = jsonable(values[key])
+        entries[label] = {"hook": hook, "field": label, "value": value, "event": name, "at": now}
+    return entries
 
 
 def _who(call: _Call) -> str:

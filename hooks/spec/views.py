@@ -16,7 +16,7 @@ import enum
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "QoSClass",
     "ResourcesView",
     "container_view_from_config",
+    "container_view_updated",
     "cpu_request_milli_from_shares",
     "pod_view_from_config",
     "qos_from_cgroup_parent",
@@ -295,3 +296,26 @@ def container_view_from_config(
         kind=container_kind(pod, config.metadata.name),
         resources=resources_view(linux, pod.qos_class),
     )
+
+
+def container_view_updated(
+    view: ContainerView,
+    container_id: str,
+    config: api_pb2.ContainerConfig,
+    *,
+    labels: bool,
+    annotations: bool,
+    resources: bool,
+) -> ContainerView:
+    """`view`, made from `config` before hooks adjusted it, with its id set and the parts
+    hooks changed decoded again: what container_view_from_config(container_id, pod, config)
+    gives, without decoding what did not change. Hooks cannot change the rest of it."""
+    changes: dict[str, Any] = {"id": container_id}
+    if labels:
+        changes["labels"] = _ro(config.labels)
+    if annotations:
+        changes["annotations"] = _ro(config.annotations)
+    if resources:
+        linux = config.linux.resources if config.linux.HasField("resources") else None
+        changes["resources"] = resources_view(linux, view.resources.qos_class)
+    return replace(view, **changes)

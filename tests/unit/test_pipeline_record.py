@@ -10,7 +10,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.examples.annotate import AnnotateHook
-from crihook.hooks.spec import Event
+from crihook.hooks.spec import Adjustment, Event, Hook, HookContext
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import ChainSettings, HookSettings
@@ -37,6 +37,21 @@ class StubRuntime:
         return call
 
 
+class PinAndLabel(Hook):
+    """Changes resources and a label (the annotate example changes an annotation)."""
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment:
+        return Adjustment().set_cpuset_cpus("2-3").set_cpu_shares(4096).set_label("pinned", "1")
+
+
+HOOKS: dict[str, list[Hook]] = {
+    "no-hooks": [],
+    "annotation": [AnnotateHook({"key": "example.com/k", "value": "v"})],
+    "resources-and-label": [PinAndLabel()],
+    "all-three-kinds": [AnnotateHook({"key": "example.com/k", "value": "v"}), PinAndLabel()],
+}
+
+
 class Context:
     def time_remaining(self) -> float:
         return 60.0
@@ -54,17 +69,16 @@ def create_request() -> api_pb2.CreateContainerRequest:
     )
 
 
-@pytest.mark.parametrize("hooks", [0, 1], ids=["no-hooks", "one-hook"])
-async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, hooks: int) -> None:
+@pytest.mark.parametrize("hooks", list(HOOKS))
+async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, hooks: str) -> None:
     store = Store(tmp_path)
     chain = Chain(ChainSettings(), store.hook_state)
+    names = [f"{10 * (i + 1)}-h{i}" for i in range(len(HOOKS[hooks]))]
     chain.set_builtin(
         [
-            Chain.entry(
-                LocalHook("10-annotate", AnnotateHook({"key": "example.com/k", "value": "v"})),
-                HookSettings(name="10-annotate"),
-            )
-        ][:hooks]
+            Chain.entry(LocalHook(name, hook), HookSettings(name=name))
+            for name, hook in zip(names, HOOKS[hooks], strict=True)
+        ]
     )
     readiness = Readiness()
     readiness.set(True)
@@ -76,9 +90,10 @@ async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, ho
 
     assert api_pb2.CreateContainerResponse.FromString(answer).container_id == CONTAINER_ID
     got = api_pb2.CreateContainerRequest.FromString(runtime.sent[0])
-    assert (runtime.sent[0] == raw) is (hooks == 0)  # unchanged: kubelet's own bytes
+    assert (runtime.sent[0] == raw) is (hooks == "no-hooks")  # unchanged: kubelet's bytes
     pod = pod_view_from_config(got.pod_sandbox_id, got.sandbox_config)
     record = store.container(CONTAINER_ID)
     assert record is not None
     assert record.view == container_view_from_config(CONTAINER_ID, pod, got.config)
-    assert ("example.com/k" in record.view.annotations) is (hooks == 1)
+    assert ("example.com/k" in record.view.annotations) is ("annotation" in hooks or "all" in hooks)
+    assert (record.view.resources.cpuset_cpus == "2-3") is ("resources" in hooks or "all" in hooks)
