@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -95,6 +96,10 @@ class App:
             rebuilt,
             dropped,
         )
+        # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
+        # as the process: frozen, full collections stop walking it again and again.
+        gc.collect()
+        gc.freeze()
         self.readiness.set(True)
         sdnotify.status("serving")
         log.info("ready")
