@@ -34,19 +34,10 @@ from bench.payloads import fake_create_container_request
 from bench.procfs import cpu_seconds
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.remote.client import RemoteHook
+from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import Event, HookContext, Stage
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
 from crihook.proxy.config import HookSettings
-
-
-class _NoState:
-    def get(self, key: str, default: object = None) -> object:
-        return default
-
-    def set(self, key: str, value: object) -> None: ...
-    def delete(self, key: str) -> None: ...
-    def items(self) -> list[tuple[str, object]]:
-        return []
 
 
 async def _measure(args: argparse.Namespace, sock: Path, plugin_pid: int) -> dict[str, float]:
@@ -68,7 +59,7 @@ async def _measure(args: argparse.Namespace, sock: Path, plugin_pid: int) -> dic
     def ctx() -> HookContext:
         container = container_view_from_config("", pod, request.config)
         return HookContext(
-            Event.CREATE_CONTAINER, Stage.PRE, pod, container, request, None, _NoState(), 2.0
+            Event.CREATE_CONTAINER, Stage.PRE, pod, container, request, None, MemoryState(), 2.0
         )
 
     for _ in range(300):  # warm-up

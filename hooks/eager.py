@@ -14,7 +14,7 @@ import time
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BudgetExpired", "bounded", "resume"]
+__all__ = ["BudgetExpired", "bounded", "first_step", "resume"]
 
 T = TypeVar("T")
 
@@ -29,20 +29,28 @@ async def bounded(coro: Coroutine[Any, Any, T], budget: float | None) -> T:
     Time spent before the first suspension counts against the budget, although it cannot
     be interrupted: a coroutine that blocks is never preempted by asyncio."""
     started = time.perf_counter()
-    try:
-        yielded = coro.send(None)
-    except StopIteration as done:
-        result: T = done.value
+    done, value = first_step(coro)
+    if done:
+        result: T = value
         return result
-    return await resume(coro, yielded, budget, started)
+    return await resume(coro, value, budget, started)
+
+
+def first_step(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
+    """Run `coro` up to its first suspension: (True, its result) if it finished (an
+    exception it raised propagates), else (False, what it suspended on) for `resume`.
+    Synchronous, so a hot path can try a coroutine without a coroutine of its own."""
+    try:
+        return False, coro.send(None)
+    except StopIteration as finished:
+        return True, finished.value
 
 
 async def resume(
     coro: Coroutine[Any, Any, T], yielded: Any, budget: float | None, started: float
 ) -> T:
-    """The rest of `bounded()` for a caller that ran the first step itself (`coro.send(None)`
-    at `started`, a perf_counter reading) and saw it suspend on `yielded`. Callers on a hot
-    path do that inline to save a coroutine when the answer comes at once."""
+    """The rest of `bounded()` for a caller that ran `first_step` itself (at `started`, a
+    perf_counter reading) and saw the coroutine suspend on `yielded`."""
     if budget is None:
         result = await _Resume(coro, yielded)
         return result

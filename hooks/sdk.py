@@ -41,7 +41,7 @@ from google.protobuf.message import DecodeError, Message  # type: ignore[import-
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
-from crihook.hooks.eager import BudgetExpired, resume
+from crihook.hooks.eager import BudgetExpired, first_step, resume
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -220,14 +220,13 @@ class _Servicer:
         try:
             ctx = _PluginContext(event, stage, request, self._views, self._state, timeout)
             coro = self._methods[(event, stage)](ctx)
-            try:
-                yielded = coro.send(None)
-            except StopIteration as done:
-                return self._answered(event, stage, request, done.value)
+            done, value = first_step(coro)
+            if done:
+                return self._answered(event, stage, request, value)
         except Exception as exc:
             return self._failed(event, stage, request, exc)
         return self._finish(
-            event, stage, request, resume(coro, yielded, timeout + CANCEL_GRACE, started)
+            event, stage, request, resume(coro, value, timeout + CANCEL_GRACE, started)
         )
 
     async def _finish(

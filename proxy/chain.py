@@ -24,7 +24,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from crihook.hooks.eager import resume
+from crihook.hooks.eager import first_step, resume
 from crihook.hooks.spec import (
     Adjustment,
     ChainHook,
@@ -263,14 +263,10 @@ class Chain:
             # bounded(), with its first step inline: most in-process hooks answer at once and
             # then cost no coroutine and no timer. Plugins end their own calls at ctx.timeout.
             coro = entry.hook.call(ctx)
-            answer: object
-            try:
-                yielded = coro.send(None)
-            except StopIteration as done:
-                answer = done.value
-            else:
+            done, answer = first_step(coro)
+            if not done:
                 budget = None if entry.bounds_own_calls else timeout
-                answer = await resume(coro, yielded, budget, started)
+                answer = await resume(coro, answer, budget, started)
             adjustment: Adjustment | None = None
             if isinstance(answer, Adjustment):
                 if answer:  # an empty one has nothing to validate or apply

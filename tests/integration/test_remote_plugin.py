@@ -479,36 +479,31 @@ async def test_concurrent_calls_on_the_stream_get_their_own_answers(
 
 @pytest.mark.parametrize("insecure", ["world-writable", "not-root"])
 async def test_insecure_socket_is_never_connected(
-    insecure: str, sock_dir: Path, remote: RemoteFactory
+    insecure: str, fake_plugin: tuple[FakePlugin, Path], remote: RemoteFactory
 ) -> None:
-    fake = FakePlugin()
-    socket = sock_dir / "fake.sock"
-    await fake.start(socket)
-    try:
-        if insecure == "world-writable":
-            socket.chmod(0o666)
-            expected = "world-writable (mode 0666)"
-        else:
-            os.chown(socket, 65534, -1)
-            expected = "owned by uid 65534, not uid 0"
-        hook = await remote(socket)
-        await eventually(lambda: expected in hook.last_error, "refused")
-        await asyncio.sleep(0.5)  # several attempts of the backoff
+    fake, socket = fake_plugin
+    if insecure == "world-writable":
+        socket.chmod(0o666)
+        expected = "world-writable (mode 0666)"
+    else:
+        os.chown(socket, 65534, -1)
+        expected = "owned by uid 65534, not uid 0"
+    hook = await remote(socket)
+    await eventually(lambda: expected in hook.last_error, "refused")
+    await asyncio.sleep(0.5)  # several attempts of the backoff
 
-        assert not hook.connected
-        assert fake.configured == 0  # refused before any RPC
-        with pytest.raises(
-            ConnectionError, match=f"plugin not connected: refusing.*{re.escape(expected)}"
-        ):
-            await hook.call(create_ctx())
+    assert not hook.connected
+    assert fake.configured == 0  # refused before any RPC
+    with pytest.raises(
+        ConnectionError, match=f"plugin not connected: refusing.*{re.escape(expected)}"
+    ):
+        await hook.call(create_ctx())
 
-        # Fixed by the operator: connects by itself.
-        socket.chmod(0o660)
-        os.chown(socket, 0, -1)
-        await eventually(lambda: hook.connected, "connected once fixed")
-        assert fake.configured == 1
-    finally:
-        await fake.stop()
+    # Fixed by the operator: connects by itself.
+    socket.chmod(0o660)
+    os.chown(socket, 0, -1)
+    await eventually(lambda: hook.connected, "connected once fixed")
+    assert fake.configured == 1
 
 
 async def test_missing_socket_is_reported(sock_dir: Path, remote: RemoteFactory) -> None:
@@ -579,46 +574,44 @@ class FakePlugin:
             await self._server.stop(None)
 
 
-async def test_unary_fallback_when_the_plugin_has_no_stream(
-    sock_dir: Path, remote: RemoteFactory
-) -> None:
+@pytest.fixture
+async def fake_plugin(sock_dir: Path) -> AsyncIterator[tuple[FakePlugin, Path]]:
+    """A started FakePlugin (no Stream) and its socket; stopped at the end."""
     fake = FakePlugin()
-    socket = sock_dir / "unary.sock"
+    socket = sock_dir / "fake.sock"
     await fake.start(socket)
-    try:
-        hook = await remote(socket)
-        await eventually(lambda: hook.connected, "connected")
-        await eventually(lambda: not hook.streaming, "stream refused")  # UNIMPLEMENTED seen
+    yield fake, socket
+    await fake.stop()
 
-        names = [f"c{i}" for i in range(20)]
-        results = await asyncio.gather(*(hook.call(create_ctx(n)) for n in names))
-        assert results == [Adjustment().set_annotation("example.com/name", n) for n in names]
-        assert fake.unary_calls == 20
 
-        await fake.stop()  # a dead plugin is noticed without a stream, too
-        await eventually(lambda: not hook.connected, "disconnected")
-        with pytest.raises(ConnectionError):
-            await hook.call(create_ctx())
-    finally:
-        await fake.stop()
+async def test_unary_fallback_when_the_plugin_has_no_stream(
+    fake_plugin: tuple[FakePlugin, Path], remote: RemoteFactory
+) -> None:
+    fake, socket = fake_plugin
+    hook = await remote(socket)
+    await eventually(lambda: hook.connected, "connected")
+    await eventually(lambda: not hook.streaming, "stream refused")  # UNIMPLEMENTED seen
+
+    names = [f"c{i}" for i in range(20)]
+    results = await asyncio.gather(*(hook.call(create_ctx(n)) for n in names))
+    assert results == [Adjustment().set_annotation("example.com/name", n) for n in names]
+    assert fake.unary_calls == 20
+
+    await fake.stop()  # a dead plugin is noticed without a stream, too
+    await eventually(lambda: not hook.connected, "disconnected")
+    with pytest.raises(ConnectionError):
+        await hook.call(create_ctx())
 
 
 async def test_first_calls_are_resent_unary_when_stream_turns_out_unimplemented(
-    sock_dir: Path, remote: RemoteFactory
+    fake_plugin: tuple[FakePlugin, Path], remote: RemoteFactory
 ) -> None:
-    fake = FakePlugin()
-    socket = sock_dir / "unary.sock"
-    await fake.start(socket)
-    try:
-        hook = await remote(socket)
-        await eventually(lambda: hook.connected, "connected")
-        # Whether or not the UNIMPLEMENTED answer has arrived yet, every call gets its answer.
-        results = await asyncio.gather(*(hook.call(create_ctx(f"c{i}")) for i in range(5)))
-        assert results == [
-            Adjustment().set_annotation("example.com/name", f"c{i}") for i in range(5)
-        ]
-    finally:
-        await fake.stop()
+    _, socket = fake_plugin
+    hook = await remote(socket)
+    await eventually(lambda: hook.connected, "connected")
+    # Whether or not the UNIMPLEMENTED answer has arrived yet, every call gets its answer.
+    results = await asyncio.gather(*(hook.call(create_ctx(f"c{i}")) for i in range(5)))
+    assert results == [Adjustment().set_annotation("example.com/name", f"c{i}") for i in range(5)]
 
 
 # --- the annotate example's options (in-process use) ---------------------------------------------

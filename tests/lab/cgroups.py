@@ -57,12 +57,7 @@ def remove_cgroup_tree(path: str) -> list[str]:
     for top in cgroup_dirs(path):
         subdirs = [Path(d) for d, _, _ in os.walk(top)]
         for d in sorted(subdirs, key=lambda p: len(p.parts), reverse=True):
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                problems.append(f"{d}: {errno.errorcode.get(exc.errno or 0, exc)}")
+            _rmdir(d, problems)
     return problems
 
 
@@ -72,13 +67,18 @@ def remove_cgroup_dir(path: str) -> list[str]:
         raise ValueError("refusing to remove the cgroup root")
     problems: list[str] = []
     for d in cgroup_dirs(path):
-        try:
-            d.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            problems.append(f"{d}: {errno.errorcode.get(exc.errno or 0, exc)}")
+        _rmdir(d, problems)
     return problems
+
+
+def _rmdir(d: Path, problems: list[str]) -> None:
+    """rmdir one cgroup directory; a failure other than "already gone" goes to `problems`."""
+    try:
+        d.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        problems.append(f"{d}: {errno.errorcode.get(exc.errno or 0, exc)}")
 
 
 @dataclass(frozen=True)
