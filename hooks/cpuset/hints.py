@@ -1,0 +1,62 @@
+"""Which NUMA nodes could hold a container's exclusive CPUs: kubelet's CPU topology hints.
+
+A port of kubelet's ``staticPolicy.generateCPUTopologyHints`` (Kubernetes 1.33 and later):
+every combination of the machine's NUMA nodes (those with CPUs; one node, then pairs, ... in
+ascending order) is a hint when its free CPUs, plus the CPUs the container may reuse, cover
+the request, and a reusable CPU outside it rules it out. A hint is preferred when it has as
+few nodes as the narrowest combination whose CPUs (all of them, free or not) could hold the
+request. kubelet's hints do not depend on ``full-pcpus-only``, so neither do these.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Set as AbstractSet
+
+from crihook.hooks.cpuset.picker import CPUAllocationError
+from crihook.hooks.node.topology import Topology
+from crihook.hooks.spec.hints import TopologyHint
+
+__all__ = ["cpu_hints"]
+
+
+def cpu_hints(
+    topology: Topology,
+    available: AbstractSet[int],
+    reusable: AbstractSet[int],
+    count: int,
+) -> list[TopologyHint]:
+    """kubelet's hints for ``count`` exclusive CPUs; empty when no NUMA node set can hold them.
+
+    ``available``: the free, unreserved CPUs. ``reusable``: CPUs this container may take over
+    (an init container's in the same pod); kubelet also regenerates the hints of a container
+    that already holds CPUs by passing those as ``available`` and nothing as ``reusable``.
+    An empty list means the request cannot be placed (kubelet's semantics).
+    """
+    if count < 1:
+        raise CPUAllocationError(f"invalid request for {count} cpus: at least 1 cpu is needed")
+    cpus = topology.cpus
+    unknown = sorted((set(available) | set(reusable)) - cpus.keys())
+    if unknown:
+        raise CPUAllocationError(f"cpus {','.join(map(str, unknown))} are not online on this node")
+
+    total: dict[int, int] = {}
+    for info in cpus.values():
+        total[info.numa] = total.get(info.numa, 0) + 1
+    free: dict[int, int] = dict.fromkeys(total, 0)
+    for cpu in available:
+        free[cpus[cpu].numa] += 1
+    reused_numas = {cpus[cpu].numa for cpu in reusable}
+    nodes = sorted(total)
+
+    narrowest = len(nodes)
+    fitting: list[tuple[int, ...]] = []
+    for size in range(1, len(nodes) + 1):
+        for mask in itertools.combinations(nodes, size):
+            if size < narrowest and sum(total[n] for n in mask) >= count:
+                narrowest = size
+            if not reused_numas.issubset(mask):
+                continue
+            if len(reusable) + sum(free[n] for n in mask) >= count:
+                fitting.append(mask)
+    return [TopologyHint(frozenset(mask), len(mask) == narrowest) for mask in fitting]
