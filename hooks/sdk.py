@@ -10,10 +10,12 @@
     sdk.run(Pin(), "/run/crihook/plugins/pin.sock")   # blocks; SIGTERM/SIGINT stop it
 
 The plugin answers Configure with the stages the hook implements, Synchronize by calling the
-hook's optional `async synchronize(pods, containers) -> Sequence[ContainerUpdate] | None`,
-and each stage (on the persistent Stream, or one unary RPC per stage) by decoding the CRI
+hook's `async synchronize(sync: SyncContext) -> Sequence[ContainerUpdate] | None` (the pods,
+containers and container states crihook knows; the plugin's in-memory state; this machine's
+topology), and each stage (on the persistent Stream, or one unary RPC per stage) by decoding the CRI
 request, calling the stage method with a HookContext and sending back its Adjustment.
-`Reject` becomes the call's reject_reason; any other exception fails the call (the plugin
+`Reject` becomes the call's reject_reason (`InvalidRequest` with reject_invalid); a failed
+stage's answer is ignored by crihook; any other exception fails the call (the plugin
 logs it with its traceback). Calls on the Stream run concurrently: a hook that answers
 without waiting is answered at once, one that waits continues in its own task.
 
@@ -25,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import signal
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -42,6 +43,7 @@ from google.protobuf.message import DecodeError, Message  # type: ignore[import-
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
 from crihook.hooks.eager import BudgetExpired, first_step, resume
+from crihook.hooks.node import LinuxHost, Topology, TopologyError
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -52,11 +54,11 @@ from crihook.hooks.remote.convert import (
     update_to_proto,
 )
 from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, RpcError, UnaryHandler
-from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
-from crihook.hooks.spec.errors import Reject
-from crihook.hooks.spec.events import Event, Stage, stage_method_name
-from crihook.hooks.spec.hook import Hook, HookContext, subscriptions_of
-from crihook.hooks.spec.views import ContainerView, PodView
+from crihook.hooks.spec.adjustment import Adjustment
+from crihook.hooks.spec.errors import InvalidRequest, Reject
+from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage, stage_method_name
+from crihook.hooks.spec.hook import Hook, HookContext, SyncContext, subscriptions_of
+from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
 __all__ = ["MemoryState", "PluginServer", "run", "serve"]
 
@@ -128,16 +130,20 @@ Answer: TypeAlias = "hook_pb2.StageResponse | Coroutine[Any, Any, hook_pb2.Stage
 class _Servicer:
     """The Plugin service around one hook."""
 
-    def __init__(self, hook: Hook) -> None:
+    def __init__(self, hook: Hook, sysfs_root: Path = Path("/sys")) -> None:
         self._hook = hook
         self._state = MemoryState()
         self._views = _ViewCache()
         self._subscriptions = subscriptions_of(hook)
+        in_process = {(e, s) for e, s in self._subscriptions if s not in PLUGIN_STAGES}
+        if in_process:
+            names = ", ".join(sorted(stage_method_name(e, s) for e, s in in_process))
+            raise ValueError(f"{names}: hints stages run only in-process, not in a plugin")
         self._methods: dict[tuple[Event, Stage], StageMethod] = {
             (e, st): getattr(hook, stage_method_name(e, st)) for e, st in self._subscriptions
         }
-        sync = getattr(hook, "synchronize", None)
-        self._synchronize = sync if inspect.iscoroutinefunction(sync) else None
+        self._sysfs_root = sysfs_root
+        self._node: Topology | None = None
 
     def routes(self) -> tuple[dict[str, UnaryHandler], dict[str, BidiHandler]]:
         """The Plugin service's methods by path: unary ones and the bidi Stream."""
@@ -146,7 +152,7 @@ class _Servicer:
             f"/{SERVICE}/Synchronize": self.synchronize,
         }
         for event in Event:
-            for stage in Stage:
+            for stage in PLUGIN_STAGES:
                 name = stage.value.capitalize() + event.value
                 unary[f"/{SERVICE}/{name}"] = self._unary_handler(event, stage)
         return unary, {f"/{SERVICE}/Stream": lambda call: _StreamSession(self, call)}
@@ -168,18 +174,34 @@ class _Servicer:
         ).SerializeToString()
 
     async def synchronize(self, data: bytes) -> bytes:
-        if self._synchronize is None:
-            return b""
         request = hook_pb2.SynchronizeRequest.FromString(data)
-        pods = [pod_from_proto(p) for p in request.pods]
-        containers = [container_from_proto(c) for c in request.containers]
+        sync = SyncContext(
+            state=self._state,
+            node=self._topology(),
+            host=LinuxHost(),
+            runtime=_NoRuntime(),
+            pods=[pod_from_proto(p) for p in request.pods],
+            containers=[container_from_proto(c) for c in request.containers],
+            container_states=_states(request.container_states),
+        )
         try:
-            updates: Sequence[ContainerUpdate] | None = await self._synchronize(pods, containers)
+            updates = await self._hook.synchronize(sync)
         except Exception as exc:
             log.exception("synchronize failed")
             raise RpcError(grpc.StatusCode.INTERNAL, f"synchronize: {_describe(exc)}") from exc
         response = hook_pb2.SynchronizeResponse(updates=[update_to_proto(u) for u in updates or ()])
         return response.SerializeToString()
+
+    def _topology(self) -> Topology:
+        """This machine's topology, read once; an empty one (logged) where sysfs is unusable,
+        so a plugin that does not need it still runs."""
+        if self._node is None:
+            try:
+                self._node = Topology.from_sysfs(self._sysfs_root)
+            except TopologyError as exc:
+                log.warning("no node topology for synchronize: %s", exc)
+                self._node = Topology.build(())
+        return self._node
 
     # --- stages ---------------------------------------------------------------------------------
     def _unary_handler(self, event: Event, stage: Stage) -> UnaryHandler:
@@ -258,7 +280,11 @@ class _Servicer:
     ) -> hook_pb2.StageResponse:
         """A Reject becomes the reject reason; any other failure, the error."""
         if isinstance(exc, Reject):
-            return hook_pb2.StageResponse(seq=request.seq, reject_reason=exc.reason or "rejected")
+            return hook_pb2.StageResponse(
+                seq=request.seq,
+                reject_reason=exc.reason or "rejected",
+                reject_invalid=isinstance(exc, InvalidRequest),
+            )
         name = stage_method_name(event, stage)
         if isinstance(exc, BudgetExpired):
             timeout = request.timeout_ms or DEFAULT_TIMEOUT * 1000
@@ -334,6 +360,8 @@ class _PluginContext(HookContext):
     ) -> None:
         # The base initialiser would assign the views eagerly; these are its other slots.
         self.event, self.stage, self.state, self.timeout = event, stage, state, timeout
+        self.affinity = None  # topology hints are merged in-process only
+        self.failure = msg.failure
         self._msg = msg
         self._views = views
         self._cache: dict[str, Any] = {}
@@ -383,6 +411,20 @@ class _PluginContext(HookContext):
         if self.stage is not Stage.POST:
             return None
         return _RESPONSES[self.event].FromString(self._msg.response)
+
+
+class _NoRuntime:
+    """A plugin has no seam to the runtime: it asks crihook nothing on the call path."""
+
+    async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
+        raise RuntimeError("plugins cannot query the runtime; use the Synchronize snapshot")
+
+
+def _states(raw: Mapping[str, str]) -> dict[str, ContainerState]:
+    known = {s.value for s in ContainerState}
+    return {
+        cid: ContainerState(v) if v in known else ContainerState.UNKNOWN for cid, v in raw.items()
+    }
 
 
 def _describe(exc: BaseException) -> str:

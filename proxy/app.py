@@ -1,8 +1,11 @@
 """The composition root: builds every part from the settings and runs them.
 
-Start-up order: store loaded from disk → hooks built (config errors stop here, exit 2) →
-socket bound and serving at once (UNAVAILABLE until ready) → systemd told READY → runtime
-awaited with backoff → store reconciled with the runtime → ready. Shutdown (SIGTERM/SIGINT):
+Start-up order: store loaded from disk → node topology read (`--sysfs-root`) → in-process
+hooks built and started (config errors stop here, exit 2) → socket bound and serving at once
+(UNAVAILABLE until ready) → systemd told READY → runtime awaited with backoff → store
+reconciled with the runtime, container resources as the runtime reports them → every hook
+synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
+(they get the same snapshot when they connect) → ready. Shutdown (SIGTERM/SIGINT):
 stop accepting, let calls in flight finish within the grace, close hooks and channels.
 """
 
@@ -14,22 +17,29 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc.aio
 
 from crihook import __version__
+from crihook.hooks.node import LinuxHost, Topology, TopologyError
+from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.proxy import sdnotify
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import Settings
+from crihook.proxy.errors import ConfigError
 from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.merge import stamp
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
+from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import prepare_listen_path, secure_socket
 from crihook.proxy.store import Store
+from crihook.proxy.sync import RuntimeView, Synchronizer
 
 __all__ = ["App", "run"]
 
@@ -37,20 +47,41 @@ log = logging.getLogger(__name__)
 
 # How often status.json (hooks, breakers, counters) is rewritten for `crihook state`.
 STATUS_INTERVAL_SECONDS = 1.0
+# How long readiness waits for the plugins loaded at start to connect: a plugin that is up
+# should see the first call; one that is down must not keep the node from starting.
+PLUGIN_CONNECT_WAIT_SECONDS = 2.0
 
 
 class App:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node: Topology | None = None) -> None:
         self.settings = settings
+        self.node = node if node is not None else read_topology(settings)
         self.readiness = Readiness()
         self.readiness.set(False, f"waiting for the runtime at {settings.runtime.endpoint}")
         self.runtime = RuntimeClient(settings.runtime)
         self.store = Store(settings.state_dir)
         self.chain = Chain(settings.chain, self.store.hook_state)
-        self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness)
+        placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
+        self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness, placement)
+        self.sync = Synchronizer(
+            self.chain,
+            self.store,
+            RuntimeView(self.runtime),
+            self.runtime,
+            self.pipeline.updater,
+            self.node,
+            LinuxHost(),
+            settings.node.topology_policy,
+            settings.node.topology_scope,
+        )
+        self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         builtin = {h.base_name for h in settings.chain.hooks}
         self.plugins = PluginDirectory(
-            settings.chain.plugins_dir, self.chain, self.store.snapshot, builtin
+            settings.chain.plugins_dir,
+            self.chain,
+            self._snapshot,
+            builtin,
+            on_sync_updates=self._plugin_sync_updates,
         )
         self.store.status_provider = self.status
         self.started_at = time.time()
@@ -64,6 +95,15 @@ class App:
             entries.append(Chain.entry(hook, hook_settings))
         self.chain.set_builtin(entries)
 
+    def _snapshot(
+        self,
+    ) -> tuple[list[PodView], list[ContainerView], Mapping[str, ContainerState]]:
+        pods, containers = self.store.snapshot()
+        return pods, containers, self.store.container_states()
+
+    async def _plugin_sync_updates(self, hook: str, updates: Sequence[ContainerUpdate]) -> None:
+        await self.pipeline.updater.send(stamp(hook, updates), {"method": "Synchronize"})
+
     def status(self) -> dict[str, Any]:
         return {
             "version": __version__,
@@ -73,7 +113,9 @@ class App:
             "dry_run": self.settings.chain.dry_run,
             "hooks": self.chain.status(),
             "plugins": self.plugins.status(),
-            "update_failures": self.pipeline.update_failures,
+            "update_failures": self.pipeline.updater.failures,
+            "synchronize_failures": self.sync.failures,
+            "store": self.store.status(),
         }
 
     async def _become_ready(self) -> None:
@@ -81,21 +123,31 @@ class App:
             await self.runtime.wait_until_ready()
             try:
                 kept, rebuilt, dropped = await self.store.reconcile(self.runtime)
+                differed = await self.sync.refresh_resources()
+                log.info(
+                    "store reconciled with the runtime: %d kept, %d rebuilt, %d dropped; "
+                    "%d container(s) run with other resources than recorded",
+                    kept,
+                    rebuilt,
+                    dropped,
+                    differed,
+                )
+                await self.sync.synchronize("start")
                 break
             except grpc.aio.AioRpcError as exc:  # the runtime went away again mid-way
                 log.warning(
-                    "reconciling the store failed (%s: %s); retrying",
+                    "reconciling with the runtime failed (%s: %s); retrying",
                     exc.code().name,
                     exc.details(),
                 )
                 await asyncio.sleep(0.5)
-        await self.store.flush()
-        log.info(
-            "store reconciled with the runtime: %d kept, %d rebuilt, %d dropped",
-            kept,
-            rebuilt,
-            dropped,
-        )
+        try:
+            await self.store.flush()
+        except OSError:
+            # The reconciled store is in memory; the writer keeps retrying in the background.
+            log.error("serving with the state not written: %s", self.store.last_error)
+            self.store.write_behind()
+        await self._start_plugins()
         # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
         # as the process: frozen, full collections stop walking it again and again.
         gc.collect()
@@ -104,10 +156,30 @@ class App:
         sdnotify.status("serving")
         log.info("ready")
 
+    async def _start_plugins(self) -> None:
+        """Load the drop-ins now the store is reconciled, give the plugins a moment to
+        connect, then keep watching the directory."""
+        await self.plugins.scan()
+        deadline = time.monotonic() + PLUGIN_CONNECT_WAIT_SECONDS
+        while time.monotonic() < deadline and not self.plugins.all_connected():
+            await asyncio.sleep(0.05)
+        self._tasks.append(asyncio.create_task(self.plugins.run(), name="crihook-plugin-dir"))
+
     async def _status_writer(self) -> None:
+        """Never ends before shutdown: write_status() counts and logs its own I/O errors;
+        anything else (a bug building the status) is logged once and retried."""
+        failing = False
         while True:
             await asyncio.sleep(STATUS_INTERVAL_SECONDS)
-            await self.store.write_status()
+            try:
+                await self.store.write_status()
+            except Exception:
+                self.store.status_write_failures += 1
+                if not failing:
+                    log.exception("building the status failed; retrying every second")
+                failing = True
+            else:
+                failing = False
 
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
@@ -117,7 +189,9 @@ class App:
             await entry.hook.start()
         path = settings.server.socket_path
         prepare_listen_path(path)
-        server = build_server(self.runtime, self.pipeline, self.readiness)
+        server = build_server(
+            self.runtime, self.pipeline, self.readiness, settings.server.max_message_bytes
+        )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
         secure_socket(path, settings.server.socket_mode, settings.server.socket_group)
@@ -133,7 +207,6 @@ class App:
         sdnotify.ready()
         self._tasks = [
             asyncio.create_task(self._become_ready(), name="crihook-become-ready"),
-            asyncio.create_task(self.plugins.run(), name="crihook-plugin-dir"),
             asyncio.create_task(self._status_writer(), name="crihook-status-writer"),
         ]
         try:
@@ -148,8 +221,13 @@ class App:
             for task in self._tasks:
                 task.cancel()
             for task in self._tasks:
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # a bug: it ended early; the shutdown goes on
+                    log.exception("task %s had failed", task.get_name())
+            await self.sync.close()
             await self.plugins.close()
             await self.chain.close()
             await self.store.close()
@@ -157,6 +235,15 @@ class App:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             log.info("stopped")
+
+
+def read_topology(settings: Settings) -> Topology:
+    """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
+    cannot be read (exit 2 at start)."""
+    try:
+        return Topology.from_sysfs(settings.node.sysfs_root)
+    except TopologyError as exc:
+        raise ConfigError("--sysfs-root", str(exc)) from None
 
 
 async def run(settings: Settings) -> int:

@@ -10,6 +10,12 @@ Merger changes it in place). Per hook:
   `breaker_reset_seconds` (its policy decides what that means for the call: fail fast, or go
   on), then one probe call is let through; success closes it. Never dropped for good.
 - dry-run (global or per hook): the adjustment is computed and logged, nothing is applied.
+
+Stages besides pre and post: `hints` (NUMA hints of the resource hooks, asked before the pre
+stage and merged by the pipeline under the topology policy) and `failed` (told to every hook
+whose pre stage ran when the call failed, or whose adjustment was not applied; its answer is
+ignored and its failures only logged and counted). Exempt pods skip the hooks that honour the
+exemption; node-wide accounting hooks (cpuset, numa) see them too.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,14 +38,18 @@ from crihook.hooks.spec import (
     Event,
     HookContext,
     HookState,
+    InvalidRequest,
     PodView,
     Reject,
+    ResourceHints,
     Stage,
+    TopologyHint,
 )
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
     HookError,
     HookInvalidAdjustment,
+    HookInvalidRequest,
     HookRejected,
     HookTimeout,
     HookUnavailable,
@@ -111,22 +121,24 @@ class ChainEntry:
     """Seconds (timeout_ms)."""
     bounds_own_calls: bool = field(init=False)
     """The hook ends its own calls at ctx.timeout (a plugin does): no second timer."""
+    honours_exemption: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = self.settings.name
         self.base_name = self.settings.base_name
         self.timeout = self.settings.timeout_ms / 1000
-        self.bounds_own_calls = bool(getattr(self.hook, "bounds_own_calls", False))
+        self.bounds_own_calls = self.hook.bounds_own_calls
+        self.honours_exemption = self.hook.honours_exemption
 
-    def wants(self, event: Event, stage: Stage) -> bool:
-        if not self.settings.enabled:
+    def wants(self, event: Event, stage: Stage, exempt: bool = False) -> bool:
+        if not self.settings.enabled or (exempt and self.honours_exemption):
             return False
-        # A plugin that is down is asked anyway (and fails): its failure policy, not its
-        # absence, decides what happens to the call, and the failure is counted.
-        if not getattr(self.hook, "connected", True):
-            return True
         # Asked every time: a plugin's subscriptions change when it (re)connects.
-        return (event, stage) in self.hook.subscriptions()
+        if (event, stage) in self.hook.subscriptions():
+            return True
+        # A plugin that is down is asked for its pre and post stages anyway (and fails):
+        # its failure policy, not its absence, decides what happens to the call.
+        return stage in (Stage.PRE, Stage.POST) and not self.hook.connected
 
 
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
@@ -178,8 +190,8 @@ class Chain:
         self.entries = merged
         log.info("hook chain: %s", ", ".join(e.name for e in merged) or "(empty)")
 
-    def wants(self, event: Event, stage: Stage) -> bool:
-        return any(e.wants(event, stage) for e in self.entries)
+    def wants(self, event: Event, stage: Stage, exempt: bool = False) -> bool:
+        return any(e.wants(event, stage, exempt) for e in self.entries)
 
     def exempt(self, pod: PodView) -> bool:
         return is_exempt(self.settings, pod)
@@ -194,15 +206,24 @@ class Chain:
         request: Message,
         response: Message | None,
         deadline: float | None,
+        *,
+        exempt: bool = False,
+        affinity: TopologyHint | None = None,
+        ran: list[str] | None = None,
     ) -> Merger:
-        """Run every subscribed hook of this stage; returns the merge (request changed in
-        place unless dry-run). Raises a HookError/HookConflict that must fail the call."""
+        """Run every subscribed hook of a pre or post stage; returns the merge (request
+        changed in place unless dry-run). Raises a HookError/HookConflict that must fail the
+        call. `ran` collects the hooks called (for the failed stage), also when it raises."""
         merger = Merger(event, request, self.settings.conflict, self.settings.precedence)
         post = stage is Stage.POST
         for entry in self.entries:
-            if not entry.wants(event, stage):
+            if not entry.wants(event, stage, exempt):
                 continue
-            adjustment = await self._call(entry, merger, post, pod, container, response, deadline)
+            ctx = self._context(entry, event, stage, pod, container, request, response, deadline)
+            ctx.affinity = affinity
+            if ran is not None:
+                ran.append(entry.name)
+            adjustment = await self._adjustment(entry, merger, post, ctx)
             if adjustment is None:
                 continue
             if self.settings.dry_run or entry.settings.dry_run:
@@ -213,6 +234,7 @@ class Chain:
                     extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
                 )
                 entry.counters["dry_run"] += 1
+                merger.unapplied[entry.name] = "dry-run: the adjustment was not applied"
                 if entry.settings.dry_run and not self.settings.dry_run:
                     continue
                 # Global dry-run: later hooks still see the adjusted request, so the log shows
@@ -220,43 +242,118 @@ class Chain:
             merger.add(entry.name, entry.base_name, adjustment)
         return merger
 
-    async def _call(
+    async def run_hints(
         self,
-        entry: ChainEntry,
-        merger: Merger,
-        post: bool,
+        event: Event,
         pod: PodView,
         container: ContainerView | None,
+        request: Message,
+        deadline: float | None,
+        *,
+        exempt: bool = False,
+    ) -> list[tuple[str, ResourceHints]]:
+        """Every subscribed hook's NUMA hints, in chain order. A failing hook under
+        `ignore` offers none; under `fail` the call fails."""
+        offered: list[tuple[str, ResourceHints]] = []
+        for entry in self.entries:
+            if not entry.wants(event, Stage.HINTS, exempt):
+                continue
+            ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
+            try:
+                answer = await self._invoke(entry, ctx)
+                if answer is not None:
+                    offered.append((entry.name, _check_hints(entry.name, answer)))
+            except HookError as error:
+                self._fail_or_ignore(entry, error, event, pod)
+        return offered
+
+    async def run_failed(
+        self,
+        event: Event,
+        names: Sequence[str],
+        pod: PodView,
+        container: ContainerView | None,
+        request: Message,
+        failure: str,
+    ) -> None:
+        """Tell the named hooks (their pre stage ran) that the call failed or their
+        adjustment was not applied. Never raises: a hook's failure here is logged and
+        counted, and each hook has its own timeout (kubelet may already have gone)."""
+        wanted = set(names)
+        for entry in self.entries:
+            if entry.name not in wanted or (event, Stage.FAILED) not in entry.hook.subscriptions():
+                continue
+            ctx = self._context(entry, event, Stage.FAILED, pod, container, request, None, None)
+            ctx.failure = failure
+            try:
+                await self._invoke(entry, ctx)
+            except HookError as error:
+                entry.counters["failed_stage_errors"] += 1
+                log.error(
+                    "%s (failed stage: it may keep what it reserved until the next reconcile)",
+                    error,
+                    extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
+                )
+
+    def _context(
+        self,
+        entry: ChainEntry,
+        event: Event,
+        stage: Stage,
+        pod: PodView,
+        container: ContainerView | None,
+        request: Message,
         response: Message | None,
         deadline: float | None,
-    ) -> Adjustment | None:
-        """One hook call: its valid, non-empty adjustment, or None (nothing to apply, or an
-        ignored failure); raises for a Reject and for a failure under `fail`."""
-        event, stage = merger.event, Stage.POST if post else Stage.PRE
-        request = merger.request
+    ) -> HookContext:
         timeout = entry.timeout
         if deadline is not None:
             timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
-        ctx = HookContext(
-            event,
-            stage,
-            pod,
-            container,
-            request,
-            response,
-            self._state_for(entry.base_name),
-            timeout,
-        )
+        state = self._state_for(entry.base_name)
+        return HookContext(event, stage, pod, container, request, response, state, timeout)
+
+    async def _adjustment(
+        self, entry: ChainEntry, merger: Merger, post: bool, ctx: HookContext
+    ) -> Adjustment | None:
+        """A pre/post call: its valid, non-empty adjustment, or None (nothing to apply, or an
+        ignored failure); raises for a Reject and for a failure under `fail`."""
+        try:
+            answer = await self._invoke(entry, ctx)
+        except HookRejected:
+            raise
+        except HookError as error:
+            self._fail_or_ignore(entry, error, ctx.event, ctx.pod)
+            merger.unapplied[entry.name] = f"{error} (failure_policy=ignore)"
+            return None
+        if answer is None or (isinstance(answer, Adjustment) and not answer):
+            return None  # an empty one has nothing to validate or apply
+        try:
+            if not isinstance(answer, Adjustment):
+                raise HookInvalidAdjustment(
+                    entry.name, f"returned {type(answer).__name__}, not an Adjustment"
+                )
+            merger.validate(entry.name, answer, post)
+        except HookInvalidAdjustment as error:
+            entry.breaker.failure()
+            entry.counters["failures"] += 1
+            self._fail_or_ignore(entry, error, ctx.event, ctx.pod)
+            merger.unapplied[entry.name] = f"{error} (failure_policy=ignore)"
+            return None
+        return answer
+
+    async def _invoke(self, entry: ChainEntry, ctx: HookContext) -> Any:
+        """Call the hook within its budget, keeping its breaker and counters. Returns its
+        answer; raises HookRejected/HookInvalidRequest for a refusal, another HookError for
+        a failure (a skip by an open breaker included)."""
+        event, stage = ctx.event, ctx.stage
         breaker = entry.breaker
         if breaker.failures >= breaker.threshold and not breaker.allows():
             entry.counters["skipped"] += 1
-            skipped = HookUnavailable(
+            raise HookUnavailable(
                 entry.name,
                 f"skipped: {entry.breaker.failures} consecutive failures, circuit open for "
                 f"{entry.settings.breaker_reset_seconds:g}s",
             )
-            self._failed(entry, skipped, event, pod)
-            return None
         entry.counters["calls"] += 1
         started = time.perf_counter()
         try:
@@ -265,27 +362,20 @@ class Chain:
             coro = entry.hook.call(ctx)
             done, answer = first_step(coro)
             if not done:
-                budget = None if entry.bounds_own_calls else timeout
+                budget = None if entry.bounds_own_calls else ctx.timeout
                 answer = await resume(coro, answer, budget, started)
-            adjustment: Adjustment | None = None
-            if isinstance(answer, Adjustment):
-                if answer:  # an empty one has nothing to validate or apply
-                    merger.validate(entry.name, answer, post)
-                    adjustment = answer
-            elif answer is not None:
-                raise HookInvalidAdjustment(
-                    entry.name, f"returned {type(answer).__name__}, not an Adjustment"
-                )
-        except Reject as exc:
+        except InvalidRequest as exc:
             entry.breaker.success()  # it answered: a refusal is not a failure
             entry.counters["rejected"] += 1
+            raise HookInvalidRequest(entry.name, f"{event.value}: {exc.reason}") from exc
+        except Reject as exc:
+            entry.breaker.success()
+            entry.counters["rejected"] += 1
             raise HookRejected(entry.name, f"rejected {event.value}: {exc.reason}") from exc
-        except HookInvalidAdjustment as exc:
-            error: HookError = exc
         except TimeoutError as exc:
-            error = HookTimeout(
+            error: HookError = HookTimeout(
                 entry.name,
-                f"no answer to {stage.value}-{event.value} within {timeout * 1000:.0f} ms",
+                f"no answer to {stage.value}-{event.value} within {ctx.timeout * 1000:.0f} ms",
             )
             error.__cause__ = exc
         except ConnectionError as exc:
@@ -308,16 +398,17 @@ class Chain:
                     entry.name,
                     stage.value,
                     event.value,
-                    adjustment,
+                    answer,
                     extra={"elapsed_ms": round(elapsed, 3)},
                 )
-            return adjustment
+            return answer
         entry.breaker.failure()
         entry.counters["failures"] += 1
-        self._failed(entry, error, event, pod)
-        return None
+        raise error
 
-    def _failed(self, entry: ChainEntry, error: HookError, event: Event, pod: PodView) -> None:
+    def _fail_or_ignore(
+        self, entry: ChainEntry, error: HookError, event: Event, pod: PodView
+    ) -> None:
         """Raise for `fail`; count and log for `ignore`."""
         if entry.settings.failure_policy == "fail":
             raise error
@@ -338,7 +429,8 @@ class Chain:
                 "timeout_ms": e.settings.timeout_ms,
                 "dry_run": e.settings.dry_run or self.settings.dry_run,
                 "enabled": e.settings.enabled,
-                "connected": getattr(e.hook, "connected", True),
+                "connected": e.hook.connected,
+                "honours_exemption": e.honours_exemption,
                 "subscriptions": sorted(
                     f"{s.value}-{ev.value}" for ev, s in e.hook.subscriptions()
                 ),
@@ -355,3 +447,17 @@ class Chain:
 
 def _pod_label(pod: PodView) -> str:
     return f"{pod.namespace}/{pod.name}"
+
+
+def _check_hints(hook: str, answer: object) -> ResourceHints:
+    """A hints stage's answer: resource name → TopologyHints (or None: no preference)."""
+    if not isinstance(answer, Mapping):
+        raise HookInvalidAdjustment(
+            hook, f"hints stage returned {type(answer).__name__}, not a mapping"
+        )
+    for resource, hints in answer.items():
+        if not isinstance(resource, str):
+            raise HookInvalidAdjustment(hook, f"hint resource {resource!r} is not a string")
+        if hints is not None and not all(isinstance(h, TopologyHint) for h in hints):
+            raise HookInvalidAdjustment(hook, f"hints for {resource!r} are not TopologyHints")
+    return answer

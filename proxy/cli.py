@@ -53,12 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--image-endpoint", help="a separate image service socket (default: the runtime's)"
     )
-    serve.add_argument("--hooks", help="comma-separated NN-name hooks for the chain, or none")
+    serve.add_argument(
+        "--hooks",
+        help="comma-separated hooks for the chain: NN-name, or built-in names "
+        "(cpuset,numa,oom) at their default positions; none for no hooks",
+    )
     serve.add_argument(
         "--plugins-dir",
         help="drop-in directory of out-of-process plugins (default /etc/crihook/hooks.d)",
     )
     serve.add_argument("--state-dir", help="where state is kept (default /var/lib/crihook)")
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help="largest request accepted from kubelet; bigger ones get RESOURCE_EXHAUSTED "
+        "(default 25165824, 24 MiB)",
+    )
+    serve.add_argument(
+        "--sysfs-root",
+        help="where the node topology is read: <root>/devices/system/{cpu,node} (default /sys)",
+    )
     serve.add_argument(
         "--dry-run", action="store_true", help="run hooks and log their adjustments, apply nothing"
     )

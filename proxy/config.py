@@ -15,15 +15,18 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.proxy.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "ChainSettings",
     "HookSettings",
+    "NodeSettings",
     "RuntimeSettings",
     "ServerSettings",
     "Settings",
+    "expand_hook_name",
     "load_config",
     "normalize_endpoint",
     "parse_hook_name",
@@ -34,9 +37,15 @@ DEFAULT_LISTEN = "unix:///run/crihook/crihook.sock"
 DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
 DEFAULT_STATE_DIR = Path("/var/lib/crihook")
 DEFAULT_PLUGINS_DIR = Path("/etc/crihook/hooks.d")
+DEFAULT_MAX_MESSAGE_BYTES = 24 * 1024 * 1024
+MIN_MAX_MESSAGE_BYTES = 1024 * 1024  # less is likelier a typo (MiB meant) than a limit
+MAX_MAX_MESSAGE_BYTES = 2**31 - 1  # grpc's limit is a signed 32-bit number
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 FAILURE_POLICIES = ("fail", "ignore")
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_SCOPES = ("container", "pod")
+DEFAULT_SYSFS_ROOT = Path("/sys")
 CONFLICT_MODES = ("error", "precedence")
 
 _HOOK_NAME = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9_.-]*)$")
@@ -53,6 +62,10 @@ class ServerSettings:
     """Group owning the listen socket (name or number); None keeps root's."""
     shutdown_grace_seconds: float = 10.0
     """On SIGTERM, how long calls in flight may take before they are cancelled."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """The largest request crihook accepts from kubelet (a bigger one gets RESOURCE_EXHAUSTED
+    and is not forwarded): kubelet's own 16 MiB limit plus headroom. Answers from the runtime
+    are not limited (kubelet applies its own limit to them)."""
 
     @property
     def socket_path(self) -> Path:
@@ -122,6 +135,25 @@ class ChainSettings:
     """Drop-in directory of out-of-process plugins, one TOML file each."""
     dry_run: bool = False
     """Global dry-run: every hook computes and logs, nothing is applied."""
+    hook_tables: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """`[hooks.<name>]` tables by hook name, for a chain named by `--hooks`."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What crihook knows of the node, for the resource hooks (`[node]`)."""
+
+    sysfs_root: Path = DEFAULT_SYSFS_ROOT
+    """Where the node's topology is read (`<root>/devices/system/{cpu,node}`); another tree
+    lets tests, benchmarks and replays run on the topology of a machine this one is not."""
+    topology_policy: str = "none"
+    """How the NUMA hints of the resource hooks are merged, as kubelet's topology manager
+    does: none | best-effort | restricted | single-numa-node."""
+    topology_scope: str = "container"
+    """`container`: each container is placed on its own; `pod`: a pod with pod-level
+    resources gets one NUMA-aligned bubble at RunPodSandbox, its containers share it."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +161,7 @@ class Settings:
     server: ServerSettings = ServerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     chain: ChainSettings = ChainSettings()
+    node: NodeSettings = NodeSettings()
     state_dir: Path = DEFAULT_STATE_DIR
     log_format: str = "plain"
     log_level: str = "info"
@@ -152,6 +185,21 @@ def parse_hook_name(setting: str, name: object) -> str:
     return name
 
 
+def expand_hook_name(setting: str, name: object) -> str:
+    """`NN-name`, or a built-in hook's bare name at its default position (`cpuset` is
+    `20-cpuset`)."""
+    if isinstance(name, str) and name in BUILTIN_HOOKS:
+        return f"{BUILTIN_HOOKS[name].position:02d}-{name}"
+    if isinstance(name, str) and _HOOK_NAME.match(name):
+        return name
+    builtin = ", ".join(sorted(BUILTIN_HOOKS))
+    raise ConfigError(
+        setting,
+        f"{name!r} is neither NN-name (two digits, dash, lower-case name) "
+        f"nor a built-in hook ({builtin})",
+    )
+
+
 # --- TOML → Settings -----------------------------------------------------------------------
 
 _TOP_KEYS = {
@@ -166,9 +214,12 @@ _TOP_KEYS = {
     "log_level",
     "dry_run",
     "shutdown_grace_seconds",
+    "max_message_bytes",
     "runtime_startup_wait_max_seconds",
     "hooks",
+    "node",
 }
+_NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope"}
 _CHAIN_KEYS = {"order", "conflict", "precedence", "exempt_namespaces", "exempt_labels"}
 HOOK_KEYS = {
     "failure_policy",
@@ -208,6 +259,17 @@ def _count(setting: str, value: object) -> int:
     number = _typed(setting, value, int, "a whole number")
     if number < 1:
         raise ConfigError(setting, f"must be >= 1, not {number!r}")
+    return int(number)
+
+
+def _message_size(setting: str, value: object) -> int:
+    number = _typed(setting, value, int, "a whole number of bytes")
+    if not MIN_MAX_MESSAGE_BYTES <= number <= MAX_MAX_MESSAGE_BYTES:
+        raise ConfigError(
+            setting,
+            f"must be between {MIN_MAX_MESSAGE_BYTES} and {MAX_MAX_MESSAGE_BYTES} bytes, "
+            f"not {number!r}",
+        )
     return int(number)
 
 
@@ -261,7 +323,7 @@ def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
         if key not in _CHAIN_KEYS and key not in per_hook:
             raise ConfigError(f"[hooks] {key}", "unknown setting")
     order = [
-        parse_hook_name("[hooks] order", n)
+        expand_hook_name("[hooks] order", n)
         for n in _str_list("[hooks] order", table.get("order", []))
     ]
     if len({n[3:] for n in order}) != len(order):
@@ -270,10 +332,16 @@ def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
     for name in order:
         base = name[3:]
         hooks.append(parse_hook_settings(f"[hooks.{base}]", name, per_hook.get(base, {})))
-    for base in per_hook:
-        if base not in {n[3:] for n in order}:
-            raise ConfigError(f"[hooks.{base}]", "settings for a hook that is not in [hooks] order")
-    out: dict[str, Any] = {"hooks": tuple(hooks)}
+    if order:
+        for base in per_hook:
+            if base not in {n[3:] for n in order}:
+                raise ConfigError(
+                    f"[hooks.{base}]", "settings for a hook that is not in [hooks] order"
+                )
+    out: dict[str, Any] = {
+        "hooks": tuple(hooks),
+        "hook_tables": MappingProxyType({k: MappingProxyType(v) for k, v in per_hook.items()}),
+    }
     if "conflict" in table:
         out["conflict"] = _choice("[hooks] conflict", table["conflict"], CONFLICT_MODES)
     if "precedence" in table:
@@ -290,6 +358,25 @@ def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
             _typed("[hooks] exempt_labels", value, str, "a table of strings")
         out["exempt_labels"] = MappingProxyType(dict(labels))
     return out
+
+
+def _node_settings(doc: Mapping[str, Any]) -> NodeSettings:
+    table = _typed("[node]", doc.get("node", {}), dict, "a table")
+    for key in table:
+        if key not in _NODE_KEYS:
+            raise ConfigError(f"[node] {key}", "unknown setting")
+    node: dict[str, Any] = {}
+    if "sysfs_root" in table:
+        node["sysfs_root"] = _abs_path("[node] sysfs_root", table["sysfs_root"])
+    if "topology_policy" in table:
+        node["topology_policy"] = _choice(
+            "[node] topology_policy", table["topology_policy"], TOPOLOGY_POLICIES
+        )
+    if "topology_scope" in table:
+        node["topology_scope"] = _choice(
+            "[node] topology_scope", table["topology_scope"], TOPOLOGY_SCOPES
+        )
+    return NodeSettings(**node)
 
 
 def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
@@ -311,6 +398,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         server["shutdown_grace_seconds"] = _positive(
             "shutdown_grace_seconds", doc["shutdown_grace_seconds"]
         )
+    if "max_message_bytes" in doc:
+        server["max_message_bytes"] = _message_size("max_message_bytes", doc["max_message_bytes"])
     if "runtime_endpoint" in doc:
         runtime["endpoint"] = normalize_endpoint("runtime_endpoint", doc["runtime_endpoint"])
     if "image_endpoint" in doc:
@@ -333,6 +422,7 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         server=ServerSettings(**server),
         runtime=RuntimeSettings(**runtime),
         chain=ChainSettings(**chain),
+        node=_node_settings(doc),
         **top,
     )
 
@@ -364,10 +454,15 @@ def load_config(path: Path | None) -> Settings:
 
 def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
     """Flags given on the command line (not None) override the file's settings."""
-    server, runtime, chain = settings.server, settings.runtime, settings.chain
+    server, runtime, chain, node = settings.server, settings.runtime, settings.chain, settings.node
     top: dict[str, Any] = {}
     if flags.get("listen") is not None:
         server = replace(server, listen=normalize_endpoint("--listen", flags["listen"]))
+    if flags.get("max_message_bytes") is not None:
+        server = replace(
+            server,
+            max_message_bytes=_message_size("--max-message-bytes", flags["max_message_bytes"]),
+        )
     if flags.get("runtime_endpoint") is not None:
         runtime = replace(
             runtime, endpoint=normalize_endpoint("--runtime-endpoint", flags["runtime_endpoint"])
@@ -378,31 +473,42 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
             image_endpoint=normalize_endpoint("--image-endpoint", flags["image_endpoint"]),
         )
     if flags.get("hooks") is not None:
-        chain = replace(chain, hooks=_hooks_flag(flags["hooks"], chain.hooks))
+        chain = replace(chain, hooks=_hooks_flag(flags["hooks"], chain))
     if flags.get("plugins_dir") is not None:
         chain = replace(chain, plugins_dir=_abs_path("--plugins-dir", flags["plugins_dir"]))
     if flags.get("dry_run"):
         chain = replace(chain, dry_run=True)
     if flags.get("state_dir") is not None:
         top["state_dir"] = _abs_path("--state-dir", flags["state_dir"])
+    if flags.get("sysfs_root") is not None:
+        node = replace(node, sysfs_root=_abs_path("--sysfs-root", flags["sysfs_root"]))
     if flags.get("log_format") is not None:
         top["log_format"] = _choice("--log-format", flags["log_format"], LOG_FORMATS)
     if flags.get("log_level") is not None:
         top["log_level"] = _choice("--log-level", flags["log_level"].lower(), LOG_LEVELS)
-    return replace(settings, server=server, runtime=runtime, chain=chain, **top)
+    return replace(settings, server=server, runtime=runtime, chain=chain, node=node, **top)
 
 
-def _hooks_flag(value: str, configured: tuple[HookSettings, ...]) -> tuple[HookSettings, ...]:
-    """`--hooks none` empties the chain; `--hooks 10-a,20-b` names it (configured settings
-    are kept for hooks that were configured)."""
+def _hooks_flag(value: str, chain: ChainSettings) -> tuple[HookSettings, ...]:
+    """`--hooks none` empties the chain; `--hooks 10-a,20-b` or `--hooks cpuset,oom` names
+    it (configured settings are kept for hooks that were configured, in `[hooks] order` or
+    by their `[hooks.<name>]` table). A table for a hook the flag leaves out is an error."""
     if value.strip() == "none":
         return ()
-    by_base = {h.base_name: h for h in configured}
+    by_base = {h.base_name: h for h in chain.hooks}
     hooks = []
-    for name in (n.strip() for n in value.split(",") if n.strip()):
-        parse_hook_name("--hooks", name)
+    for raw in (n.strip() for n in value.split(",") if n.strip()):
+        name = expand_hook_name("--hooks", raw)
         known = by_base.get(name[3:])
-        hooks.append(replace(known, name=name) if known else HookSettings(name=name))
+        if known is not None:
+            hooks.append(replace(known, name=name))
+        else:
+            table = chain.hook_tables.get(name[3:], {})
+            hooks.append(parse_hook_settings(f"[hooks.{name[3:]}]", name, table))
     if len({h.base_name for h in hooks}) != len(hooks):
         raise ConfigError("--hooks", "a hook name appears twice")
+    chosen = {h.base_name for h in hooks}
+    for base in chain.hook_tables:
+        if base not in chosen:
+            raise ConfigError(f"[hooks.{base}]", "settings for a hook that is not in --hooks")
     return tuple(hooks)

@@ -5,18 +5,27 @@
     ├── SocketInUseError              the listen socket is served by a live process
     ├── RuntimeUnavailable            the runtime cannot be reached (UNAVAILABLE)
     ├── RequestInvalid                a request crihook must read does not parse (INVALID_ARGUMENT)
+    ├── StateWriteError               crihook cannot persist what a hook reserved, so the call is
+    │                                 not forwarded (RESOURCE_EXHAUSTED: disk full or quota;
+    │                                 UNAVAILABLE: any other I/O error)
     ├── HookError                     a hook failed; carries the hook's name
     │   ├── HookTimeout               the hook did not answer in time (DEADLINE_EXCEEDED)
     │   ├── HookUnavailable           the plugin cannot be reached (UNAVAILABLE)
     │   ├── HookRejected              the hook refused the request (FAILED_PRECONDITION)
+    │   │   └── HookInvalidRequest    the hook found the request malformed (INVALID_ARGUMENT)
     │   └── HookInvalidAdjustment     the hook returned something this call cannot carry (INTERNAL)
-    └── HookConflict                  two hooks set the same field (FAILED_PRECONDITION)
+    ├── HookConflict                  two hooks set the same field (FAILED_PRECONDITION)
+    └── TopologyRejected              the topology policy cannot place the container or pod
+                                      (FAILED_PRECONDITION)
 
 Expected errors carry a message a node operator can act on: what failed, for which pod or
 container, which hook, and what to do. Anything else is a bug and surfaces as INTERNAL.
 """
 
 from __future__ import annotations
+
+import errno
+from pathlib import Path
 
 import grpc
 
@@ -26,12 +35,14 @@ __all__ = [
     "HookConflict",
     "HookError",
     "HookInvalidAdjustment",
+    "HookInvalidRequest",
     "HookRejected",
     "HookTimeout",
     "HookUnavailable",
     "RequestInvalid",
     "RuntimeUnavailable",
     "SocketInUseError",
+    "StateWriteError",
 ]
 
 
@@ -62,6 +73,24 @@ class RequestInvalid(CrihookError):
     status = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class StateWriteError(CrihookError):
+    """The state directory refused a write that had to happen before the call is forwarded
+    (a hook's reservation). Nothing reached the runtime; kubelet retries the call."""
+
+    def __init__(self, state_dir: Path, error: OSError) -> None:
+        reason = error.strerror or str(error)
+        super().__init__(
+            f"cannot write its state to {state_dir} ({reason}); the call was not forwarded"
+        )
+        self.state_dir = state_dir
+        self.error = error
+        self.status = (
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+            if error.errno in (errno.ENOSPC, errno.EDQUOT)
+            else grpc.StatusCode.UNAVAILABLE
+        )
+
+
 class HookError(CrihookError):
     """A hook failed. The message always starts with the hook's name."""
 
@@ -82,6 +111,10 @@ class HookRejected(HookError):
     status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class HookInvalidRequest(HookRejected):
+    status = grpc.StatusCode.INVALID_ARGUMENT
+
+
 class HookInvalidAdjustment(HookError):
     status = grpc.StatusCode.INTERNAL
 
@@ -99,3 +132,10 @@ class HookConflict(CrihookError):
         self.field = field
         self.owner = owner
         self.other = other
+
+
+class TopologyRejected(CrihookError):
+    """The topology policy admits no placement the resource hooks offered (kubelet's
+    TopologyAffinityError)."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION

@@ -3,39 +3,40 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.spec import (
     Adjustment,
+    ContainerUpdate,
     Event,
     Hook,
     HookContext,
+    ResourceHints,
     Stage,
+    SyncContext,
     stage_method_name,
     subscriptions_of,
 )
 from crihook.proxy.config import HookSettings
 from crihook.proxy.errors import ConfigError
 
-__all__ = ["BUILTIN_HOOKS", "LocalHook", "load_local_hook"]
+__all__ = ["LocalHook", "load_local_hook"]
 
-# Hooks shipped with crihook, by base name; others are configured with `module = "pkg.mod:Cls"`.
-BUILTIN_HOOKS: dict[str, str] = {
-    "annotate": "crihook.hooks.examples.annotate:AnnotateHook",
-}
-
-StageMethod = Callable[[HookContext], Coroutine[Any, Any, Adjustment | None]]
+StageMethod = Callable[[HookContext], Coroutine[Any, Any, Adjustment | ResourceHints | None]]
 
 
 class LocalHook:
     """An in-process hook behind the same interface as an out-of-process one."""
 
     connected = True
+    bounds_own_calls = False
 
     def __init__(self, name: str, impl: Hook) -> None:
         self.name = name
         self.impl = impl
+        self.honours_exemption = bool(impl.honours_exemption)
         self._subs = subscriptions_of(impl)
         self._methods: dict[tuple[Event, Stage], StageMethod] = {
             (e, s): getattr(impl, stage_method_name(e, s)) for e, s in self._subs
@@ -44,12 +45,15 @@ class LocalHook:
     def subscriptions(self) -> frozenset[tuple[Event, Stage]]:
         return self._subs
 
-    def call(self, ctx: HookContext) -> Coroutine[Any, Any, Adjustment | None]:
+    def call(self, ctx: HookContext) -> Coroutine[Any, Any, Adjustment | ResourceHints | None]:
         # The stage method's own coroutine: no wrapper coroutine around it.
         return self._methods[(ctx.event, ctx.stage)](ctx)
 
     async def start(self) -> None:
         await self.impl.start()
+
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        return tuple(await self.impl.synchronize(sync) or ())
 
     async def close(self) -> None:
         await self.impl.close()
@@ -58,10 +62,14 @@ class LocalHook:
 def load_local_hook(settings: HookSettings) -> LocalHook:
     """Import and build the hook class; every problem is a ConfigError naming the hook."""
     section = f"[hooks.{settings.base_name}]"
-    target = settings.module or BUILTIN_HOOKS.get(settings.base_name)
+    builtin = BUILTIN_HOOKS.get(settings.base_name)
+    target = settings.module or (builtin.target if builtin else None)
     if target is None:
+        known = ", ".join(sorted(BUILTIN_HOOKS))
         raise ConfigError(
-            section, f'no built-in hook {settings.base_name!r} and no module = "pkg.mod:Class"'
+            section,
+            f"no built-in hook {settings.base_name!r} (built-in: {known}) and no "
+            'module = "pkg.mod:Class"',
         )
     module_name, _, class_name = target.partition(":")
     try:
@@ -74,7 +82,10 @@ def load_local_hook(settings: HookSettings) -> LocalHook:
         impl = cls(settings.options)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(section, str(exc)) from None
-    hook = LocalHook(settings.name, impl)
+    try:
+        hook = LocalHook(settings.name, impl)
+    except ValueError as exc:  # a method named like a stage that is none
+        raise ConfigError(section, f"{target}: {exc}") from None
     if not hook.subscriptions():
         raise ConfigError(section, f"{target} implements no stage method (pre_/post_...)")
     return hook

@@ -8,9 +8,10 @@ configured precedence (earlier in the list wins).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import Message
 
@@ -29,7 +30,15 @@ from crihook.hooks.spec.adjustment import (
 from crihook.hooks.spec.events import Event
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
-__all__ = ["ALLOWED_FIELDS", "FieldChange", "Merger", "apply_change", "jsonable"]
+__all__ = [
+    "ALLOWED_FIELDS",
+    "FieldChange",
+    "Merger",
+    "PendingUpdate",
+    "apply_change",
+    "jsonable",
+    "stamp",
+]
 
 _CONTAINER_FIELDS = RESOURCE_FIELDS | {
     Field.LABEL,
@@ -61,6 +70,23 @@ _PROPAGATION = {
     "rslave": api_pb2.PROPAGATION_HOST_TO_CONTAINER,
     "rshared": api_pb2.PROPAGATION_BIDIRECTIONAL,
 }
+
+
+_ORDER = itertools.count(1)
+
+
+class PendingUpdate(NamedTuple):
+    """An update to another container a hook asked for, not sent yet."""
+
+    hook: str
+    update: ContainerUpdate
+    seq: int
+    """When the hook produced it: for one container and field, a later one wins."""
+
+
+def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
+    """Updates a hook returned just now, numbered in the order hooks produced them."""
+    return [PendingUpdate(hook, u, next(_ORDER)) for u in updates]
 
 
 @dataclass(frozen=True)
@@ -98,7 +124,9 @@ class Merger:
         self._rank = {name: i for i, name in enumerate(precedence)}
         self.owners: dict[FieldKey, str] = {}
         self.values: dict[FieldKey, Any] = {}
-        self.updates: list[tuple[str, ContainerUpdate]] = []
+        self.updates: list[PendingUpdate] = []
+        self.unapplied: dict[str, str] = {}
+        """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
 
     @property
     def changed(self) -> bool:
@@ -130,7 +158,7 @@ class Merger:
             apply_change(self.event, self.request, key, value)
             self.owners[key] = hook
             self.values[key] = value
-        self.updates.extend((hook, u) for u in adjustment.updates)
+        self.updates.extend(stamp(hook, adjustment.updates))
 
     def _ranked(self, hook: str) -> bool:
         return _base(hook) in self._rank

@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
-from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec import ContainerUpdate, ContainerView, Event, PodView, Stage
+from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView, Stage
 from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field, describe_key
+from crihook.hooks.spec.events import HINT_EVENTS
 from crihook.hooks.spec.views import (
     container_view_from_config,
     container_view_updated,
@@ -30,17 +32,28 @@ from crihook.hooks.spec.views import (
 from crihook.proxy.chain import Chain
 from crihook.proxy.errors import CrihookError
 from crihook.proxy.merge import Merger, jsonable
-from crihook.proxy.methods import INTERCEPTED, method_path
+from crihook.proxy.methods import INTERCEPTED
 from crihook.proxy.passthrough import Readiness, abort_with, call_options
+from crihook.proxy.placement import Placement
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.updates import ContainerUpdater
+from crihook.proxy.validate import check_request, check_wire
 
-__all__ = ["Pipeline", "build_update_request"]
+__all__ = ["Pipeline"]
 
 log = logging.getLogger(__name__)
 
-_UPDATE_PATH = method_path("RuntimeService", "UpdateContainerResources")
 _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
+# Statuses after which the runtime may have carried the call out or not.
+_UNKNOWN_OUTCOME = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 
 class _PodLocks:
@@ -111,16 +124,24 @@ class _Call:
 
 class Pipeline:
     def __init__(
-        self, runtime: RuntimeClient, chain: Chain, store: Store, readiness: Readiness
+        self,
+        runtime: RuntimeClient,
+        chain: Chain,
+        store: Store,
+        readiness: Readiness,
+        placement: Placement | None = None,
     ) -> None:
         self.runtime = runtime
         self.chain = chain
         self.store = store
         self.readiness = readiness
+        self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
         self._forward = {e: runtime.unary(spec.path) for e, spec in INTERCEPTED.items()}
-        self._update = runtime.unary(_UPDATE_PATH)
-        self.update_failures = 0
+        self.updater = ContainerUpdater(runtime, store)
+        self.on_unknown_outcome: Callable[[PodView], None] | None = None
+        """Called when a call failed in a way that leaves the runtime's outcome unknown (the
+        runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
 
     def handler(self, event: Event) -> grpc.RpcMethodHandler:
         async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
@@ -146,34 +167,49 @@ class Pipeline:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"cannot decode {spec.request.__name__}: {exc}",
             )
+        problem = check_wire(event, raw) or check_request(event, request)
+        if problem is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         call = _Call(event, request)
         self._views(call)
         async with self._locks.hold(call.lock_key):
+            ran: list[str] = []  # hooks whose pre stage ran: told if the call fails
             try:
-                merger, changed = await self._pre(call, deadline)
+                merger, changed = await self._pre(call, deadline, ran)
             except CrihookError as exc:
                 log.warning("%s refused: %s", event.value, exc, extra=call.describe())
+                await self._failed(call, ran, str(exc))
                 await _abort(context, exc.status, f"{exc} ({_who(call)})")
+            except asyncio.CancelledError:
+                await self._failed(call, ran, "kubelet cancelled the call before it was forwarded")
+                raise
             forwarded = request.SerializeToString() if changed else raw
             if deadline is not None:
                 options["timeout"] = max(deadline - time.monotonic(), 0.0)
             try:
                 response_raw: bytes = await self._forward[event](forwarded, **options)
             except grpc.aio.AioRpcError as err:
+                code = err.code()
                 log.info(
-                    "%s failed in the runtime: %s",
-                    event.value,
-                    err.code().name,
-                    extra=call.describe(),
+                    "%s failed in the runtime: %s", event.value, code.name, extra=call.describe()
                 )
+                await self._failed(call, ran, f"the runtime answered {code.name}: {err.details()}")
+                if code in _UNKNOWN_OUTCOME:
+                    self._outcome_unknown(call)
                 await abort_with(context, err)
+            except asyncio.CancelledError:
+                # kubelet gave up while the runtime was acting: it may have done it or not.
+                await self._failed(call, ran, "kubelet cancelled the call while the runtime acted")
+                self._outcome_unknown(call)
+                raise
             response = spec.response.FromString(response_raw)
-            self._record(call, response, merger)
+            self._update_store(call, response, merger)
+            if merger is not None and merger.unapplied:
+                await self._not_applied(call, merger.unapplied)
             await self._post(call, response, merger, deadline)
-            if self.store.hook_states_dirty:
-                await self.store.flush()  # allocations are on disk before kubelet hears OK
-            else:
-                self.store.schedule()  # records can be rebuilt from the runtime
+            # After the runtime acted a write failure never turns its success into an error:
+            # the store keeps it in memory and retries in the background.
+            self.store.write_behind()
         if log.isEnabledFor(logging.INFO):  # don't build the record's extras for nothing
             log.info(
                 "%s ok%s",
@@ -185,6 +221,36 @@ class Pipeline:
                 },
             )
         return response_raw
+
+    async def _failed(self, call: _Call, ran: list[str], failure: str) -> None:
+        """Tell every hook whose pre stage ran that the call failed, so nothing stays
+        allocated for it. Runs to its end even if kubelet's call is cancelled meanwhile:
+        the pod lock is still held, so a retry cannot overtake the release."""
+        if not ran:
+            return
+        task = asyncio.ensure_future(
+            self.chain.run_failed(call.event, ran, call.pod, call.container, call.request, failure)
+        )
+        cancelled = False
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        if self.store.hook_states_dirty:
+            self.store.write_behind()
+
+    async def _not_applied(self, call: _Call, unapplied: dict[str, str]) -> None:
+        """Hooks whose adjustment was not applied (dry-run, an ignored failure) release what
+        they took, as for a failed call."""
+        for name, why in unapplied.items():
+            await self._failed(call, [name], why)
+
+    def _outcome_unknown(self, call: _Call) -> None:
+        if self.on_unknown_outcome is not None and call.pod.uid:
+            self.on_unknown_outcome(call.pod)
 
     def _views(self, call: _Call) -> None:
         """Views from the request where it carries the config, from the store where it only
@@ -218,7 +284,12 @@ class Pipeline:
             if call.pod_record is not None:
                 call.pod = call.pod_record.view
 
-    async def _pre(self, call: _Call, deadline: float | None) -> tuple[Merger | None, bool]:
+    async def _pre(
+        self, call: _Call, deadline: float | None, ran: list[str]
+    ) -> tuple[Merger | None, bool]:
+        """Hints, placement and the pre stage. The merger (None when no hook ran) and
+        whether the request changed. What the hooks reserved is on disk before this
+        returns (StateWriteError if it cannot be)."""
         changed = False
         if call.event is Event.CREATE_CONTAINER and call.pod_record is not None:
             # containerd places the container under the cgroup parent of the sandbox config
@@ -227,34 +298,69 @@ class Pipeline:
             if sandbox_linux.cgroup_parent != call.pod_record.view.cgroup_parent:
                 sandbox_linux.cgroup_parent = call.pod_record.view.cgroup_parent
                 changed = True
-        if not self.chain.entries or self.chain.exempt(call.pod):
+        chain = self.chain
+        if not chain.entries:
             return None, changed
-        if self.chain.settings.dry_run:
-            if not self.chain.wants(call.event, Stage.PRE):
-                return None, changed
-            # Every hook runs on a copy: the log shows what the chain would do, the runtime
-            # and the store get what kubelet sent.
-            scratch = type(call.request)()
-            scratch.CopyFrom(call.request)
-            await self.chain.run(
-                call.event, Stage.PRE, call.pod, call.container, scratch, None, deadline
-            )
+        exempt = chain.exempt(call.pod)
+        if not chain.wants(call.event, Stage.PRE, exempt):
             return None, changed
-        merger = await self.chain.run(
-            call.event, Stage.PRE, call.pod, call.container, call.request, None, deadline
+        affinity = await self._place(call, deadline, exempt)
+        dry_run = chain.settings.dry_run
+        # Global dry-run: every hook runs on a copy; the log shows what the chain would do,
+        # the runtime and the store get what kubelet sent.
+        target = call.request
+        if dry_run:
+            target = type(call.request)()
+            target.CopyFrom(call.request)
+        before = self.store.hook_state_changes
+        merger = await chain.run(
+            call.event,
+            Stage.PRE,
+            call.pod,
+            call.container,
+            target,
+            None,
+            deadline,
+            exempt=exempt,
+            affinity=affinity,
+            ran=ran,
         )
+        if self.store.hook_state_changes != before:
+            await self.store.write_ahead()  # reservations are on disk before the runtime acts
+        if dry_run:
+            return merger, changed
         return merger, changed or merger.changed
 
-    def _record(self, call: _Call, response: Any, merger: Merger | None) -> None:
-        """Keep the store true to what the runtime now has."""
+    async def _place(self, call: _Call, deadline: float | None, exempt: bool) -> Any:
+        """The NUMA placement the topology policy picks from every hook's hints, or None."""
+        if (
+            self.placement.policy == "none"
+            or call.event not in HINT_EVENTS
+            or not self.chain.wants(call.event, Stage.HINTS, exempt)
+        ):
+            return None  # no alignment asked: hints would change nothing
+        offered = await self.chain.run_hints(
+            call.event, call.pod, call.container, call.request, deadline, exempt=exempt
+        )
+        return self.placement.choose(offered)
+
+    def _update_store(self, call: _Call, response: Any, merger: Merger | None) -> None:
+        """Keep the store true to what the runtime now has. An answer without the id it
+        must carry is not stored (the store never holds an empty id)."""
         event, req = call.event, call.request
-        audit = _audit(event, merger) if merger else {}
+        audit = _audit(event, merger) if merger and merger.changed else {}
         if event is Event.RUN_POD_SANDBOX:
+            if not response.pod_sandbox_id:
+                log.error("RunPodSandbox answered without a sandbox id; not stored")
+                return
             pod_view = pod_view_from_config(
                 response.pod_sandbox_id, req.config, req.runtime_handler
             )
             self.store.put_pod(PodRecord(pod_view, audit))
         elif event is Event.CREATE_CONTAINER:
+            if not response.container_id:
+                log.error("CreateContainer answered without a container id; not stored")
+                return
             pod = call.pod
             if call.pod_record is None:
                 pod = pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
@@ -269,27 +375,31 @@ class Pipeline:
                 annotations=Field.ANNOTATION in changed,
                 resources=not changed.isdisjoint(RESOURCE_FIELDS),
             )
-            self.store.put_container(ContainerRecord(view, audit))
+            self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
         elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
             record = call.container_record
             res = resources_view(req.linux, call.pod.qos_class)
-            record.view = ContainerView(**{**record.view.__dict__, "resources": res})
+            record.view = replace(record.view, resources=res)
             record.audit.update(audit)
             self.store.put_container(record)
+        elif event is Event.START_CONTAINER:
+            self.store.set_state(req.container_id, ContainerState.RUNNING)
+        elif event is Event.STOP_CONTAINER:
+            self.store.set_state(req.container_id, ContainerState.EXITED)
         elif event is Event.REMOVE_CONTAINER:
             self.store.remove_container(req.container_id)
+            self.updater.forget(req.container_id)
         elif event is Event.REMOVE_POD_SANDBOX:
+            for cid in [c.id for c in self.store.containers_of(req.pod_sandbox_id)]:
+                self.updater.forget(cid)
             self.store.remove_pod(req.pod_sandbox_id)
 
     async def _post(
         self, call: _Call, response: Message, pre: Merger | None, deadline: float | None
     ) -> None:
         updates = list(pre.updates) if pre else []
-        if (
-            self.chain.entries
-            and not self.chain.exempt(call.pod)
-            and self.chain.wants(call.event, Stage.POST)
-        ):
+        exempt = self.chain.exempt(call.pod)
+        if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
             try:
                 post = await self.chain.run(
                     call.event,
@@ -299,76 +409,14 @@ class Pipeline:
                     call.request,
                     response,
                     deadline,
+                    exempt=exempt,
                 )
                 updates.extend(post.updates)
             except CrihookError as exc:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
         if updates and not self.chain.settings.dry_run:
-            await self._send_updates(call, updates)
-
-    async def _send_updates(self, call: _Call, updates: list[tuple[str, ContainerUpdate]]) -> None:
-        """UpdateContainerResources for other containers, after the call succeeded. A failure
-        is logged, counted and kept in the target's record (shown by `crihook state`)."""
-        for hook, update in updates:
-            target = self.store.container(update.container_id)
-            request = build_update_request(update, target.view if target else None)
-            try:
-                await self._update(request.SerializeToString(), timeout=10)
-            except grpc.aio.AioRpcError as err:
-                self.update_failures += 1
-                log.error(
-                    "update of container %s for hook %s failed: %s: %s",
-                    update.container_id[:12],
-                    hook,
-                    err.code().name,
-                    err.details(),
-                    extra=call.describe(),
-                )
-                if target is not None:
-                    target.update_errors.append(
-                        {
-                            "hook": hook,
-                            "code": err.code().name,
-                            "details": err.details(),
-                            "at": time.time(),
-                            "resources": dict(update.resources.items()),
-                        }
-                    )
-                    self.store.put_container(target)
-                continue
-            if target is not None:
-                res = resources_view(request.linux, target.view.resources.qos_class)
-                target.view = ContainerView(**{**target.view.__dict__, "resources": res})
-                for name, value in update.resources.items():
-                    target.audit[name] = {
-                        "hook": hook,
-                        "value": value,
-                        "event": "update",
-                        "at": time.time(),
-                    }
-                self.store.put_container(target)
-
-
-def build_update_request(
-    update: ContainerUpdate, current: ContainerView | None
-) -> api_pb2.UpdateContainerResourcesRequest:
-    """The full resources to send: the container's current ones with the delta on top
-    (a runtime may read an absent field as "set to zero")."""
-    linux = api_pb2.LinuxContainerResources()
-    if current is not None:
-        res = current.resources
-        linux.cpu_shares = res.cpu_shares or 0
-        linux.cpu_quota = res.cpu_quota or 0
-        linux.cpu_period = res.cpu_period or 0
-        linux.memory_limit_in_bytes = res.memory_limit_bytes or 0
-        linux.cpuset_cpus = res.cpuset_cpus
-        linux.cpuset_mems = res.cpuset_mems
-        if res.oom_score_adj is not None:
-            linux.oom_score_adj = res.oom_score_adj
-    for name, value in update.resources.items():
-        setattr(linux, name, value)
-    return api_pb2.UpdateContainerResourcesRequest(container_id=update.container_id, linux=linux)
+            await self.updater.send(updates, call.describe())
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:

@@ -15,12 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import tomllib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from crihook.hooks.spec import ContainerView, PodView
 from crihook.proxy.chain import Chain, ChainEntry
 from crihook.proxy.config import HookSettings, parse_hook_name, parse_hook_settings
 from crihook.proxy.errors import ConfigError
@@ -29,7 +27,8 @@ __all__ = ["PluginDirectory", "parse_dropin"]
 
 log = logging.getLogger(__name__)
 
-Snapshot = Callable[[], tuple[Sequence[PodView], Sequence[ContainerView]]]
+if TYPE_CHECKING:  # the plugin client is imported only when a plugin exists
+    from crihook.hooks.remote.client import Snapshot, SyncUpdatesHandler
 
 
 def parse_dropin(path: Path, text: str) -> HookSettings:
@@ -66,10 +65,12 @@ class PluginDirectory:
         snapshot: Snapshot,
         reserved: set[str],
         interval: float = 1.0,
+        on_sync_updates: SyncUpdatesHandler | None = None,
     ) -> None:
         self.directory = directory
         self.chain = chain
         self.snapshot = snapshot
+        self.on_sync_updates = on_sync_updates
         self.reserved = reserved  # base names of in-process hooks
         self.interval = interval
         self.loaded: dict[Path, _Loaded] = {}
@@ -105,7 +106,7 @@ class PluginDirectory:
                 await current.entry.hook.close()
             from crihook.hooks.remote.client import RemoteHook  # only when a plugin exists
 
-            hook = RemoteHook(settings, self.snapshot)
+            hook = RemoteHook(settings, self.snapshot, on_sync_updates=self.on_sync_updates)
             await hook.start()
             self.loaded[path] = _Loaded(text, settings, Chain.entry(hook, settings))
             log.info("plugin %s %s (%s)", settings.name, "reloaded" if current else "added", path)
@@ -120,6 +121,9 @@ class PluginDirectory:
         for other_path, other in self.loaded.items():
             if other_path != path and other.settings.base_name == base:
                 raise ConfigError(f"{path} name", f"{base!r} is already used by {other_path}")
+
+    def all_connected(self) -> bool:
+        return all(item.entry.hook.connected for item in self.loaded.values())
 
     async def close(self) -> None:
         for item in self.loaded.values():

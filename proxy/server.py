@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
 from crihook.proxy.passthrough import (
     Readiness,
@@ -22,13 +23,27 @@ from crihook.proxy.passthrough import (
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.runtime_client import RuntimeClient
 
-__all__ = ["SERVER_OPTIONS", "build_server"]
+__all__ = ["MAX_CONCURRENT_STREAMS", "build_server", "server_options"]
 
-SERVER_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.so_reuseport", 0),
-]
+MAX_CONCURRENT_STREAMS = 1000
+"""Calls one kubelet connection may have open at once. kubelet keeps far fewer in flight
+(one per pod worker plus its pollers and streams); the bound only stops a runaway or hostile
+client from opening streams without end."""
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """A request bigger than `max_message_bytes` is refused by grpc itself, with
+    RESOURCE_EXHAUSTED ("Received message larger than max"), as it is read: no byte of it is
+    forwarded. (The catch-all for unknown methods opens its call to the runtime before it
+    reads: there the runtime sees a call that ends without a message, then is cancelled.)
+    Answers are not limited: they come from the runtime, and kubelet applies its own limit
+    to them."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.so_reuseport", 0),
+    ]
 
 
 class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
@@ -50,9 +65,12 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
 
 
 def build_server(
-    runtime: RuntimeClient, pipeline: Pipeline, readiness: Readiness
+    runtime: RuntimeClient,
+    pipeline: Pipeline,
+    readiness: Readiness,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.aio.Server:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_options(max_message_bytes))
     intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in known_methods():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ def render_state(doc: dict[str, Any]) -> str:
             f"crihook {status.get('version')}  ready={status.get('ready')}  "
             f"runtime={status.get('runtime')}  dry_run={status.get('dry_run')}"
         )
+        lines += _store_health(status.get("store") or {})
         for hook in status.get("hooks", []):
             counters = " ".join(f"{k}={v}" for k, v in sorted(hook.get("counters", {}).items()))
             lines.append(
@@ -66,6 +68,23 @@ def render_state(doc: dict[str, Any]) -> str:
     for name, state in doc["hook_states"].items():
         lines.append(f"hook state {name}: {json.dumps(state, sort_keys=True)}")
     return "\n".join(lines)
+
+
+def _store_health(store: dict[str, Any]) -> list[str]:
+    """A line when writing the state fails or has failed (nothing when all is well)."""
+    if store.get("degraded"):
+        at = store.get("degraded_since")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "?"
+        return [
+            f"  store DEGRADED since {since}: {store['degraded']} "
+            f"({store.get('write_failures', 0)} failed writes; kept in memory, retrying)"
+        ]
+    if store.get("write_failures"):
+        return [
+            f"  store ok again after {store['write_failures']} failed writes "
+            f"(last: {store.get('last_error')})"
+        ]
+    return []
 
 
 def _owners(audit: dict[str, Any], indent: str) -> list[str]:

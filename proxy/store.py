@@ -3,20 +3,33 @@
 Keyed by sandbox id and container id; entries are deleted on Remove (not Stop: a stopped
 container can be inspected and restarted by kubelet). Everything is persisted under the
 state directory with crash-safe writes (temp file, fsync, rename, fsync of the directory),
-off the event loop; concurrent changes are coalesced into one write. At start the store is
-loaded from disk and reconciled with the runtime: what the runtime no longer has is dropped,
-what it has that the disk lacks is rebuilt from its verbose status.
+off the event loop. At start the store is loaded from disk and reconciled with the runtime:
+what the runtime no longer has is dropped, what it has that the disk lacks is rebuilt from
+its verbose status.
+
+Two ways to persist, one for each side of the runtime's action:
+
+- `write_ahead()`, before a call is forwarded: what a hook reserved for the call must be on
+  disk before the runtime acts on it. If the state directory refuses the write the call is
+  not forwarded (`StateWriteError`); nothing is lost from memory.
+- `write_behind()`, after the runtime acted: persisted soon (0.2 s, coalesced) by a
+  background writer. The runtime already did it, so a failed write never fails a call: the
+  writer keeps everything in memory, retries with backoff (0.2 s doubling to 5 s), marks the
+  store degraded (logged once on entering, once on leaving) and recovers by itself when the
+  disk does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import secrets
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +38,15 @@ import grpc.aio
 from google.protobuf import json_format
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec import ContainerView, PodView
+from crihook.hooks.spec import ContainerState, ContainerView, PodView
 from crihook.hooks.spec.views import (
+    container_state,
     container_view_from_config,
     pod_view_from_config,
     qos_from_cgroup_parent,
     resources_view,
 )
+from crihook.proxy.errors import StateWriteError
 from crihook.proxy.methods import method_path
 from crihook.proxy.runtime_client import RuntimeClient
 
@@ -44,18 +59,34 @@ STORE_FILE = "store.json"
 STATUS_FILE = "status.json"
 HOOKS_DIR = "hooks"
 WRITE_BEHIND_SECONDS = 0.2
+RETRY_FIRST_SECONDS = 0.2
+"""After a failed write-behind, the first retry waits this long; each next one twice as long."""
+RETRY_MAX_SECONDS = 5.0
+"""The longest wait between two retries of a failed write-behind."""
+TEMP_MARK = ".tmp-"
+STALE_TEMP_SECONDS = 60.0
+"""A temp file of a live process older than this is left over too (a write takes ms)."""
+POD_UID_LABEL = "io.kubernetes.pod.uid"
+"""The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 
 
 def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new file, never half.
-    `durable=False` skips the fsyncs (for files that are rewritten every second anyway)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if durable:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    `durable=False` skips the fsyncs (for files that are rewritten every second anyway).
+    A failed step removes the temp file (a full disk stays no fuller) and raises OSError."""
+    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with open(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if not durable:
         return
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -85,12 +116,16 @@ class ContainerRecord:
     audit: dict[str, dict[str, Any]] = field(default_factory=dict)
     update_errors: list[dict[str, Any]] = field(default_factory=list)
     """UpdateContainerResources that crihook sent for a hook and the runtime refused."""
+    state: ContainerState = ContainerState.UNKNOWN
+    """As last seen: the runtime's at reconcile, else what kubelet's last call made it (a
+    container that exits on its own stays `running` here until the next reconcile)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "view": self.view.to_dict(),
             "audit": self.audit,
             "update_errors": self.update_errors,
+            "state": self.state.value,
         }
 
     @classmethod
@@ -99,6 +134,7 @@ class ContainerRecord:
             ContainerView.from_dict(doc["view"]),
             dict(doc.get("audit", {})),
             list(doc.get("update_errors", [])),
+            ContainerState(doc.get("state", "unknown")),
         )
 
 
@@ -130,6 +166,16 @@ class HookStateStore:
         return dict(self._data)
 
 
+class _WriteFailed(Exception):
+    """A state file could not be written; `reason` names the file and the error."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path = path
+        self.error = error
+        self.reason = f"cannot write {path}: {_describe(error)}"
+        super().__init__(self.reason)
+
+
 class Store:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -138,17 +184,34 @@ class Store:
         self._hook_states: dict[str, HookStateStore] = {}
         self._dirty_store = False
         self._dirty_hooks: set[str] = set()
-        self._generation = 0
-        self._written = 0
+        # Hook state changes are numbered: write_ahead() answers for the changes made since
+        # the last failure it reported, never again for ones an earlier call was told about.
+        self._hook_changes = 0
+        self._hooks_saved = 0
+        self._hooks_reported = 0
         self._write_lock = asyncio.Lock()
-        self.status_provider: Any = None
-        self._pending: asyncio.TimerHandle | None = None
+        self.status_provider: Callable[[], dict[str, Any]] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._closing = False
         # Each record's JSON, kept between writes so a flush joins them instead of
         # re-encoding the whole store. None: changed, encoded at the next write (off the
         # call path, and once however often it changed in between).
         self._pod_json: dict[str, str | None] = {}
         self._container_json: dict[str, str | None] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self.degraded: str | None = None
+        """Why the last write of the state failed, while it has not succeeded since."""
+        self.degraded_since: float | None = None
+        """When (epoch seconds) the store became degraded."""
+        self.write_failures = 0
+        """Failed writes of store.json or a hook state since start (retries included)."""
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.retry_seconds: float | None = None
+        """While a failed write-behind waits to be retried: how long that wait is."""
+        self.status_write_failures = 0
+        self._status_error: str | None = None
 
     # --- records -------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -159,12 +222,16 @@ class Store:
 
     def put_pod(self, record: PodRecord) -> None:
         """Add or replace a pod record; call again after changing a record in place."""
+        if not record.view.id:
+            raise ValueError("a pod record needs a sandbox id")
         self.pods[record.view.id] = record
         self._pod_json[record.view.id] = None
         self._touch()
 
     def put_container(self, record: ContainerRecord) -> None:
         """Add or replace a container record; call again after changing it in place."""
+        if not record.view.id:
+            raise ValueError("a container record needs a container id")
         self.containers[record.view.id] = record
         self._container_json[record.view.id] = None
         self._touch()
@@ -186,6 +253,19 @@ class Store:
             self._touch()
         return record
 
+    def container_states(self) -> dict[str, ContainerState]:
+        return {cid: r.state for cid, r in self.containers.items()}
+
+    def set_state(self, container_id: str, state: ContainerState) -> None:
+        record = self.containers.get(container_id)
+        if record is not None and record.state is not state:
+            record.state = state
+            self.put_container(record)
+
+    def containers_of(self, sandbox_id: str) -> list[ContainerView]:
+        """The containers recorded for one sandbox."""
+        return [r.view for r in self.containers.values() if r.view.pod_id == sandbox_id]
+
     def snapshot(self) -> tuple[list[PodView], list[ContainerView]]:
         return ([r.view for r in self.pods.values()], [r.view for r in self.containers.values()])
 
@@ -201,16 +281,32 @@ class Store:
 
     def _touch(self) -> None:
         self._dirty_store = True
-        self._generation += 1
 
     def _hook_touched(self, name: str) -> None:
         self._dirty_hooks.add(name)
-        self._generation += 1
+        self._hook_changes += 1
 
-    # --- persistence ---------------------------------------------------------------------------
+    @property
+    def hook_states_dirty(self) -> bool:
+        return bool(self._dirty_hooks)
+
+    @property
+    def hook_state_changes(self) -> int:
+        """How many times any hook state changed since start: compare before and after a
+        stage to know whether it changed one (and `write_ahead()` is due)."""
+        return self._hook_changes
+
+    @property
+    def _dirty(self) -> bool:
+        return self._dirty_store or bool(self._dirty_hooks)
+
+    # --- loading -------------------------------------------------------------------------------
     def load(self) -> None:
-        """Read what an earlier crihook persisted. A corrupt file is set aside, not fatal."""
+        """Read what an earlier crihook persisted. A corrupt file is set aside, not fatal;
+        temp files an interrupted write left behind are removed."""
         (self.state_dir / HOOKS_DIR).mkdir(parents=True, exist_ok=True)
+        for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
+            _remove_leftover_temp_files(directory)
         path = self.state_dir / STORE_FILE
         doc = _read_json(path)
         if doc is not None:
@@ -227,97 +323,227 @@ class Store:
             if data is not None:
                 self._hook_states[file.stem] = HookStateStore(file.stem, data, self._hook_touched)
 
-    def _encode(self) -> tuple[bytes | None, dict[str, bytes]]:
+    # --- persistence -------------------------------------------------------------------------
+    async def write_ahead(self) -> None:
+        """Persist every changed hook state now, before the call that changed it is forwarded.
+        A no-op (no I/O, no await) when no hook state changed.
+
+        Raises StateWriteError (RESOURCE_EXHAUSTED when the disk or quota is full, UNAVAILABLE
+        otherwise) when the write fails: the state stays in memory, still marked changed, and
+        the background writer retries it. A call is answered only for changes made since the
+        last failure reported to a call: changes whose failure an earlier call was told about
+        are left to the background writer, so one failed write does not fail every later
+        call."""
+        if not self._dirty_hooks:
+            return
+        wanted = self._hook_changes
+        reported = self._hooks_reported
+        async with self._write_lock:
+            if self._hooks_saved >= wanted:
+                return  # a write while this call waited took its changes along
+            if wanted <= reported:
+                self.write_behind()
+                return
+            through = self._hook_changes
+            try:
+                await self._write_dirty(hooks_only=True)
+            except _WriteFailed as exc:
+                self._hooks_reported = max(self._hooks_reported, through)
+                self._failed(exc)
+                self.write_behind()
+                raise StateWriteError(self.state_dir, exc.error) from exc.error
+
+    def write_behind(self) -> None:
+        """Persist soon (WRITE_BEHIND_SECONDS, coalesced), off the request path; never raises.
+        For what the runtime already did: pod and container records (which can be rebuilt
+        from the runtime) and hook state changed after the call was forwarded. A failed
+        write is retried with backoff until it succeeds; meanwhile `degraded` says why."""
+        if self._closing or self._timer is not None or self._writer is not None:
+            return  # a write is coming, and it takes every change along
+        if not self._dirty:
+            return
+        self._timer = asyncio.get_running_loop().call_later(
+            WRITE_BEHIND_SECONDS, self._start_writer
+        )
+
+    async def flush(self) -> None:
+        """Persist every change made so far; returns once it is on disk. Raises the OSError
+        when the state directory refuses the write (the changes stay in memory, still marked
+        changed, and the store is degraded until a write succeeds)."""
+        async with self._write_lock:
+            try:
+                await self._write_dirty(hooks_only=False)
+            except _WriteFailed as exc:
+                self._failed(exc)
+                raise exc.error from None
+            self._recovered()
+
+    async def close(self) -> None:
+        """Write everything still pending and the status; no background work is left behind.
+        Never raises an OSError: a failed last write is logged (the records are rebuilt from
+        the runtime at the next start)."""
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writer is not None:
+            self._wake.set()  # a writer waiting to retry gives up; one writing finishes
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        try:
+            await self.flush()
+        except OSError:
+            log.error(
+                "crihook stops with state not written to %s: %s; pods and containers are "
+                "rebuilt from the runtime at the next start, hook state changes since the "
+                "last successful write are lost",
+                self.state_dir,
+                self.last_error,
+            )
+        await self.write_status()
+
+    def status(self) -> dict[str, Any]:
+        """The store's part of status.json: whether writes are failing, and since when."""
+        return {
+            "degraded": self.degraded,
+            "degraded_since": self.degraded_since,
+            "write_failures": self.write_failures,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "retry_seconds": self.retry_seconds,
+            "status_write_failures": self.status_write_failures,
+        }
+
+    async def write_status(self) -> None:
+        """Rewrite status.json. Never raises an OSError: a failure is counted, and logged once
+        when writing starts failing and once when it works again."""
+        if self.status_provider is None:
+            return
+        status = json.dumps(self.status_provider(), sort_keys=True, default=str).encode()
+        path = self.state_dir / STATUS_FILE
+        try:
+            await asyncio.to_thread(write_atomic, path, status, False)
+        except OSError as exc:
+            self.status_write_failures += 1
+            if self._status_error is None:
+                log.warning(
+                    "cannot write %s: %s; `crihook state` shows the last status written "
+                    "until it works again",
+                    path,
+                    _describe(exc),
+                )
+            self._status_error = _describe(exc)
+            return
+        if self._status_error is not None:
+            log.info("%s written again (%d failed writes)", path, self.status_write_failures)
+            self._status_error = None
+
+    def _start_writer(self) -> None:
+        self._timer = None
+        self._writer = asyncio.get_running_loop().create_task(
+            self._write_behind(), name="crihook-store-writer"
+        )
+        self._writer.add_done_callback(self._writer_done)
+
+    async def _write_behind(self) -> None:
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            try:
+                async with self._write_lock:
+                    await self._write_dirty(hooks_only=False)
+            except _WriteFailed as exc:
+                self._failed(exc)
+                if self._closing:
+                    return  # close() makes the last attempt
+                self._wake.clear()
+                self.retry_seconds = delay
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                finally:
+                    self.retry_seconds = None
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            self._recovered()
+            return
+
+    def _writer_done(self, task: asyncio.Task[None]) -> None:
+        self._writer = None
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:  # not an OSError: a bug
+            log.error("the store writer failed", exc_info=error)
+            return
+        self.write_behind()  # what changed while it was writing
+
+    async def _write_dirty(self, hooks_only: bool) -> None:
+        """Under the write lock: write what changed (only hook states if `hooks_only`), off
+        the event loop. On any failure what was taken is marked changed again."""
         store = None
-        if self._dirty_store:
+        if self._dirty_store and not hooks_only:
             pods = ", ".join(_fragments(self._pod_json, self.pods))
             containers = ", ".join(_fragments(self._container_json, self.containers))
             store = (
                 f'{{"containers": {{{containers}}}, "pods": {{{pods}}}, '
                 f'"version": {STORE_VERSION}}}'
             ).encode()
-        hooks = {
-            n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode()
-            for n in self._dirty_hooks
-        }
-        self._dirty_store = False
-        self._dirty_hooks = set()
-        return store, hooks
-
-    @property
-    def hook_states_dirty(self) -> bool:
-        return bool(self._dirty_hooks)
-
-    def schedule(self) -> None:
-        """Persist soon, off the request path. Pod and container records can be rebuilt from
-        the runtime after a crash, so they need not be on disk before kubelet's answer; hook
-        states (allocations) cannot, and are flushed before answering."""
-        if self._generation <= self._written or self._pending is not None:
+        names = self._dirty_hooks
+        through = self._hook_changes
+        if store is None and not names:
             return
-        self._pending = asyncio.get_running_loop().call_later(
-            WRITE_BEHIND_SECONDS, self._start_background_flush
-        )
+        hooks = {
+            n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode() for n in names
+        }
+        self._dirty_store = self._dirty_store and store is None
+        self._dirty_hooks = set()
+        try:
+            await asyncio.to_thread(self._write, store, hooks)
+        except BaseException:
+            # Nothing is lost: what was taken is marked again and the next write retries it.
+            self._dirty_store = self._dirty_store or store is not None
+            self._dirty_hooks |= names
+            raise
+        self._hooks_saved = max(self._hooks_saved, through)
 
-    def _start_background_flush(self) -> None:
-        self._pending = None
-        task = asyncio.get_running_loop().create_task(self.flush(), name="crihook-store-flush")
-        self._background.add(task)
-        task.add_done_callback(self._flushed)
-
-    def _flushed(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("persisting the store failed: %s", task.exception())
-
-    async def flush(self) -> None:
-        """Persist every change made so far; returns once it is on disk. Callers that arrive
-        while a write is running are served by the next write, together."""
-        wanted = self._generation
-        async with self._write_lock:
-            if self._written >= wanted:
-                return
-            generation = self._generation
-            dirty_hooks = set(self._dirty_hooks)
-            store, hooks = self._encode()
-            status = self._status_bytes()
-            try:
-                await asyncio.to_thread(self._write, store, hooks, status)
-            except OSError:
-                # Nothing is lost: the changes stay marked and the next flush retries them.
-                self._dirty_store = self._dirty_store or store is not None
-                self._dirty_hooks |= dirty_hooks
-                raise
-            self._written = generation
-
-    async def close(self) -> None:
-        """Write everything still pending; no background work is left behind."""
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        await self.flush()
-        await self.write_status()
-
-    def _status_bytes(self) -> bytes | None:
-        if self.status_provider is None:
-            return None
-        return json.dumps(self.status_provider(), sort_keys=True, default=str).encode()
-
-    def _write(self, store: bytes | None, hooks: dict[str, bytes], status: bytes | None) -> None:
-        (self.state_dir / HOOKS_DIR).mkdir(parents=True, exist_ok=True)
+    def _write(self, store: bytes | None, hooks: dict[str, bytes]) -> None:
+        """In a worker thread. Hook states first: they cannot be rebuilt, the records can."""
+        hooks_dir = self.state_dir / HOOKS_DIR
+        targets = [(hooks_dir / f"{name}.json", data) for name, data in hooks.items()]
         if store is not None:
-            write_atomic(self.state_dir / STORE_FILE, store)
-        for name, data in hooks.items():
-            write_atomic(self.state_dir / HOOKS_DIR / f"{name}.json", data)
-        if status is not None:
-            write_atomic(self.state_dir / STATUS_FILE, status, durable=False)
+            targets.append((self.state_dir / STORE_FILE, store))
+        for path, data in targets:
+            try:
+                if path.parent == hooks_dir:
+                    hooks_dir.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data)
+            except OSError as exc:
+                raise _WriteFailed(path, exc) from exc
 
-    async def write_status(self) -> None:
-        status = self._status_bytes()
-        if status is not None:
-            async with self._write_lock:
-                await asyncio.to_thread(write_atomic, self.state_dir / STATUS_FILE, status, False)
+    def _failed(self, exc: _WriteFailed) -> None:
+        self.write_failures += 1
+        self.last_error = exc.reason
+        self.last_error_at = time.time()
+        if self.degraded is None:
+            self.degraded_since = self.last_error_at
+            log.error(
+                "%s; crihook keeps its state in memory and retries until a write succeeds",
+                exc.reason,
+            )
+        self.degraded = exc.reason
+
+    def _recovered(self) -> None:
+        if self.degraded is None:
+            return
+        since = self.degraded_since or time.time()
+        log.warning(
+            "state written to %s again, after %.1f s of failed writes (%d so far)",
+            self.state_dir,
+            time.time() - since,
+            self.write_failures,
+        )
+        self.degraded = None
+        self.degraded_since = None
 
     # --- reconcile with the runtime ------------------------------------------------------------
     async def reconcile(self, runtime: RuntimeClient) -> tuple[int, int, int]:
@@ -335,8 +561,8 @@ class Store:
             api_pb2.ListContainersRequest(),
             api_pb2.ListContainersResponse,
         )
-        live_pods = {s.id: s for s in sandboxes.items}
-        live_containers = {c.id: c for c in containers.containers}
+        live_pods = {s.id: s for s in sandboxes.items if s.id}
+        live_containers = {c.id: c for c in containers.containers if c.id}
         kept = rebuilt = dropped = 0
         for cid in list(self.containers):
             if cid not in live_containers:
@@ -355,17 +581,81 @@ class Store:
         for cid, container in live_containers.items():
             if cid in self.containers:
                 kept += 1
+                self.set_state(cid, container_state(container.state))
                 continue
             pod = self.pods.get(container.pod_sandbox_id)
             if pod is None:
                 continue  # a container of a sandbox the runtime did not list: nothing to hang it on
-            self.put_container(
-                ContainerRecord(await _rebuild_container(runtime, container, pod.view))
-            )
+            view = await _rebuild_container(runtime, container, pod.view)
+            self.put_container(ContainerRecord(view, state=container_state(container.state)))
             rebuilt += 1
         if dropped or rebuilt:
             self._touch()
         return kept, rebuilt, dropped
+
+    async def reconcile_pod(
+        self, runtime: RuntimeClient, pod_uid: str
+    ) -> tuple[list[PodRecord], list[ContainerRecord]]:
+        """Rebuild what the runtime has of one pod and the store lacks; returns the records
+        added (drops nothing). For a RunPodSandbox whose outcome crihook did not see (the
+        runtime went away, the deadline passed): the runtime may have kept a sandbox.
+
+        Sandboxes are found by kubelet's `io.kubernetes.pod.uid` label, or, when none
+        carries it (a client other than kubelet), by metadata.uid among all of them; their
+        containers by a sandbox filter. Raises grpc.aio.AioRpcError when the runtime fails
+        a call; what was added before stays."""
+        if not pod_uid:
+            raise ValueError("reconcile_pod needs a pod uid")
+        by_label = await _call(
+            runtime,
+            "ListPodSandbox",
+            api_pb2.ListPodSandboxRequest(
+                filter=api_pb2.PodSandboxFilter(label_selector={POD_UID_LABEL: pod_uid})
+            ),
+            api_pb2.ListPodSandboxResponse,
+        )
+        sandboxes = [s for s in by_label.items if s.id]
+        if not sandboxes:
+            every = await _call(
+                runtime,
+                "ListPodSandbox",
+                api_pb2.ListPodSandboxRequest(),
+                api_pb2.ListPodSandboxResponse,
+            )
+            sandboxes = [s for s in every.items if s.id and s.metadata.uid == pod_uid]
+        pods: list[PodRecord] = []
+        containers: list[ContainerRecord] = []
+        for sandbox in sandboxes:
+            if sandbox.id not in self.pods:
+                pod_view = await _rebuild_pod(runtime, sandbox)
+                if sandbox.id not in self.pods:  # not recorded by a call while we waited
+                    record = PodRecord(pod_view)
+                    self.put_pod(record)
+                    pods.append(record)
+            listed = await _call(
+                runtime,
+                "ListContainers",
+                api_pb2.ListContainersRequest(
+                    filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox.id)
+                ),
+                api_pb2.ListContainersResponse,
+            )
+            for container in listed.containers:
+                if not container.id or container.id in self.containers:
+                    continue
+                pod = self.pods.get(sandbox.id)
+                if pod is None:  # removed by a call while we waited
+                    break
+                container_view = await _rebuild_container(runtime, container, pod.view)
+                if container.id not in self.containers:
+                    container_record = ContainerRecord(
+                        container_view, state=container_state(container.state)
+                    )
+                    self.put_container(container_record)
+                    containers.append(container_record)
+        if pods or containers:
+            self.write_behind()
+        return pods, containers
 
 
 async def _call(runtime: RuntimeClient, name: str, request: Any, response_type: Any) -> Any:
@@ -435,7 +725,7 @@ async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodVie
     if resources is not None:
         # The runtime's view of the resources is the current one (updates included).
         qos = qos_from_cgroup_parent(pod.cgroup_parent)
-        view = ContainerView(**{**view.__dict__, "resources": resources_view(resources, qos)})
+        view = replace(view, resources=resources_view(resources, qos))
     return view
 
 
@@ -475,3 +765,40 @@ def _set_aside(path: Path, why: str) -> None:
         "state file %s is unusable (%s); moved to %s, rebuilding from the runtime", path, why, aside
     )
     os.replace(path, aside)
+
+
+def _describe(error: OSError) -> str:
+    """`[Errno 28] No space left on device`, without the temp file's name."""
+    if error.errno is not None and error.strerror:
+        return f"[Errno {error.errno}] {error.strerror}"
+    return str(error)
+
+
+def _remove_leftover_temp_files(directory: Path) -> None:
+    """Remove `.<name>.tmp-<pid>-…` files of writes a crash interrupted: those of a process
+    that is gone (or of this pid, in an earlier life), or too old to be a write in progress."""
+    now = time.time()
+    for tmp in directory.glob(f".*{TEMP_MARK}*"):
+        try:
+            pid_text = tmp.name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
+            pid = int(pid_text) if pid_text.isdigit() else 0
+            writing = pid and pid != os.getpid() and _alive(pid)
+            if writing and now - tmp.lstat().st_mtime < STALE_TEMP_SECONDS:
+                continue  # another crihook is writing it right now
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("cannot remove the leftover temp file %s: %s", tmp, _describe(exc))
+            continue
+        log.info("removed %s, left behind by an interrupted write", tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, someone else's
+    return True

@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 import tenacity
@@ -45,10 +45,10 @@ from crihook.hooks.remote.convert import (
 )
 from crihook.hooks.remote.h2stream import GrpcStream, StreamEnded
 from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
-from crihook.hooks.spec.errors import Reject
-from crihook.hooks.spec.events import Event, Stage
-from crihook.hooks.spec.hook import HookContext
-from crihook.hooks.spec.views import ContainerView, PodView
+from crihook.hooks.spec.errors import InvalidRequest, Reject
+from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage
+from crihook.hooks.spec.hook import HookContext, SyncContext
+from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 from crihook.proxy.config import HookSettings
 
 __all__ = [
@@ -83,8 +83,11 @@ _CHANNEL_OPTIONS = (
     ("grpc.client_idle_timeout_ms", 2**31 - 1),
 )
 
-Snapshot = Callable[[], tuple[Sequence[PodView], Sequence[ContainerView]]]
-"""What crihook knows (pods, containers), sent to the plugin on every (re)connect."""
+Snapshot = Callable[
+    [], tuple[Sequence[PodView], Sequence[ContainerView], Mapping[str, ContainerState]]
+]
+"""What crihook knows (pods, containers, container states), sent to the plugin on every
+(re)connect."""
 SyncUpdatesHandler = Callable[[str, tuple[ContainerUpdate, ...]], Awaitable[None]]
 """Receives (hook name, updates) a plugin asked for in its Synchronize answer."""
 
@@ -146,7 +149,7 @@ _CONTAINER_TAG = _tag(hook_pb2.StageRequest.CONTAINER_FIELD_NUMBER)
 _REQUEST_TAG = _tag(hook_pb2.StageRequest.REQUEST_FIELD_NUMBER)
 _RESPONSE_TAG = _tag(hook_pb2.StageRequest.RESPONSE_FIELD_NUMBER)
 _EVENTS = {e: event_to_proto(e) for e in Event}
-_STAGES = {s: stage_to_proto(s) for s in Stage}
+_STAGES = {s: stage_to_proto(s) for s in PLUGIN_STAGES}
 _CACHE_SIZE = 256
 
 
@@ -165,6 +168,7 @@ class StageRequestEncoder:
             event=_EVENTS[ctx.event],
             stage=_STAGES[ctx.stage],
             timeout_ms=min(max(1, int(ctx.timeout * 1000)), 2**32 - 1),
+            failure=ctx.failure,
         )
         parts = [head.SerializeToString(), self._view(_POD_TAG, ctx.pod)]
         if ctx.container is not None:
@@ -188,6 +192,8 @@ class StageRequestEncoder:
 
 def _result(response: hook_pb2.StageResponse) -> Adjustment | None:
     if response.reject_reason:
+        if response.reject_invalid:
+            raise InvalidRequest(response.reject_reason)
         raise Reject(response.reject_reason)
     if response.error:
         raise RuntimeError(f"plugin failed: {response.error}")
@@ -234,7 +240,7 @@ class _Connection:
                 response_deserializer=hook_pb2.StageResponse.FromString,
             )
             for e in Event
-            for s in Stage
+            for s in PLUGIN_STAGES
         }
 
     async def open_stream(self) -> None:
@@ -371,6 +377,7 @@ class RemoteHook:
     start(); they show in `connected`/`last_error` and fail calls with ConnectionError."""
 
     bounds_own_calls = True  # every call ends by ctx.timeout: the chain adds no timer of its own
+    honours_exemption = True  # a plugin's own pods must never wait on that plugin
 
     def __init__(
         self,
@@ -425,6 +432,19 @@ class RemoteHook:
         if conn is None or conn.lost.is_set():
             raise ConnectionError(f"plugin not connected: {self.last_error}")
         return await conn.call(ctx)
+
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        """Tell a connected plugin what crihook learnt (a reconcile); returns the updates it
+        asks for. A plugin that is not connected is synchronized when it connects."""
+        conn = self._conn
+        if conn is None or conn.lost.is_set():
+            return ()
+        request = _sync_request(sync.pods, sync.containers, sync.container_states)
+        try:
+            return await _call_synchronize(conn.channel, request)
+        except grpc.aio.AioRpcError as exc:
+            msg = f"Synchronize failed: {exc.code().name}: {exc.details()}"
+            raise ConnectionError(msg) from None
 
     # --- connect loop ----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -512,22 +532,12 @@ class RemoteHook:
         self._subscriptions = subs
 
     async def _synchronize(self, channel: grpc.aio.Channel) -> None:
-        synchronize = channel.unary_unary(
-            f"/{SERVICE}/Synchronize",
-            request_serializer=hook_pb2.SynchronizeRequest.SerializeToString,
-            response_deserializer=hook_pb2.SynchronizeResponse.FromString,
-        )
         try:
-            pods, containers = self._snapshot()
-            request = hook_pb2.SynchronizeRequest(
-                pods=[pod_to_proto(p) for p in pods],
-                containers=[container_to_proto(c) for c in containers],
-            )
+            request = _sync_request(*self._snapshot())
         except Exception as exc:  # a bug in the snapshot must not kill the connect loop
             log.exception("plugin %s: building the Synchronize snapshot failed", self.name)
             raise self._fail(f"snapshot failed: {exc!r}", logging.ERROR) from exc
-        answer = await synchronize(request, timeout=SYNCHRONIZE_TIMEOUT)
-        updates = tuple(update_from_proto(u) for u in answer.updates)
+        updates = await _call_synchronize(channel, request)
         if not updates:
             return
         if self._on_sync_updates is None:
@@ -539,3 +549,27 @@ class RemoteHook:
             )
             return
         await self._on_sync_updates(self.name, updates)
+
+
+async def _call_synchronize(
+    channel: grpc.aio.Channel, request: hook_pb2.SynchronizeRequest
+) -> tuple[ContainerUpdate, ...]:
+    synchronize = channel.unary_unary(
+        f"/{SERVICE}/Synchronize",
+        request_serializer=hook_pb2.SynchronizeRequest.SerializeToString,
+        response_deserializer=hook_pb2.SynchronizeResponse.FromString,
+    )
+    answer = await synchronize(request, timeout=SYNCHRONIZE_TIMEOUT)
+    return tuple(update_from_proto(u) for u in answer.updates)
+
+
+def _sync_request(
+    pods: Sequence[PodView],
+    containers: Sequence[ContainerView],
+    states: Mapping[str, ContainerState],
+) -> hook_pb2.SynchronizeRequest:
+    return hook_pb2.SynchronizeRequest(
+        pods=[pod_to_proto(p) for p in pods],
+        containers=[container_to_proto(c) for c in containers],
+        container_states={cid: state.value for cid, state in states.items()},
+    )

@@ -21,7 +21,7 @@ from crihook.hooks.spec.adjustment import (
     Field,
     ResourceDelta,
 )
-from crihook.hooks.spec.events import Event, Stage
+from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage
 from crihook.hooks.spec.views import (
     ContainerKind,
     ContainerView,
@@ -57,7 +57,7 @@ _EVENT_TO_PROTO: dict[Event, hook_pb2.Event] = {
 }
 _EVENT_FROM_PROTO: dict[int, Event] = {v: e for e, v in _EVENT_TO_PROTO.items()}
 _STAGE_TO_PROTO: dict[Stage, hook_pb2.Stage] = {
-    s: cast("hook_pb2.Stage", hook_pb2.Stage.Value(s.name)) for s in Stage
+    s: cast("hook_pb2.Stage", hook_pb2.Stage.Value(s.name)) for s in PLUGIN_STAGES
 }
 _STAGE_FROM_PROTO: dict[int, Stage] = {v: s for s, v in _STAGE_TO_PROTO.items()}
 

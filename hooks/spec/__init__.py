@@ -14,11 +14,21 @@ from crihook.hooks.spec.adjustment import (
     Mount,
     ResourceDelta,
 )
-from crihook.hooks.spec.errors import Reject
+from crihook.hooks.spec.errors import InvalidRequest, Reject
 from crihook.hooks.spec.events import Event, Stage, stage_method_name
-from crihook.hooks.spec.hook import ChainHook, Hook, HookContext, HookState, subscriptions_of
+from crihook.hooks.spec.hints import ResourceHints, TopologyHint
+from crihook.hooks.spec.hook import (
+    ChainHook,
+    Hook,
+    HookContext,
+    HookState,
+    RuntimeQueries,
+    SyncContext,
+    subscriptions_of,
+)
 from crihook.hooks.spec.views import (
     ContainerKind,
+    ContainerState,
     ContainerView,
     PodView,
     QoSClass,
@@ -30,6 +40,7 @@ __all__ = [
     "Adjustment",
     "ChainHook",
     "ContainerKind",
+    "ContainerState",
     "ContainerUpdate",
     "ContainerView",
     "Device",
@@ -39,13 +50,18 @@ __all__ = [
     "Hook",
     "HookContext",
     "HookState",
+    "InvalidRequest",
     "Mount",
     "PodView",
     "QoSClass",
     "Reject",
     "ResourceDelta",
+    "ResourceHints",
     "ResourcesView",
+    "RuntimeQueries",
     "Stage",
+    "SyncContext",
+    "TopologyHint",
     "stage_method_name",
     "subscriptions_of",
 ]

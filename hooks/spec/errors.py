@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Reject"]
+__all__ = ["InvalidRequest", "Reject"]
 
 
 class Reject(Exception):
@@ -15,3 +15,8 @@ class Reject(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class InvalidRequest(Reject):
+    """The request itself is malformed for this hook (an annotation that does not parse, a
+    value outside what the node allows): the CRI call fails with INVALID_ARGUMENT."""

@@ -4,27 +4,50 @@ A hook is a class with async methods named for the stages it handles:
 
     class Pin(Hook):
         async def pre_create_container(self, ctx: HookContext) -> Adjustment | None: ...
+        async def failed_create_container(self, ctx: HookContext) -> None: ...
         async def post_remove_container(self, ctx: HookContext) -> Adjustment | None: ...
 
-Its subscriptions follow from what it implements. Pre stages may return an Adjustment to the
-call and updates to other containers; post stages run after the runtime answered OK and may
-return only updates. A hook never blocks the event loop: blocking work goes to a thread
-(`asyncio.to_thread`). Shared node resources (CPUs, devices) are the hook's to guard.
+Its subscriptions follow from what it implements; a method named like a stage that is none
+(`pre_create_contianer`) is a load error. Pre stages may return an Adjustment to the call and
+updates to other containers; post stages run after the runtime answered OK and may return only
+updates; a failed stage tells a hook whose pre stage ran that the call failed, or that its
+adjustment was not applied, so it can release what it took (its answer is ignored). A hook
+never blocks the event loop: blocking work goes to a thread (`asyncio.to_thread`). Shared node
+resources (CPUs, devices) are the hook's to guard.
+
+Start-up: crihook reconciles its store with the runtime, then calls every hook's
+`synchronize` with its persisted state, the node facts and the pods and containers the runtime
+has, before the first call is served; the same call repeats when crihook learns of pods it
+missed (a reconcile after a call with an unknown outcome).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from google.protobuf.message import Message
 
-from crihook.hooks.spec.adjustment import Adjustment
-from crihook.hooks.spec.events import Event, Stage, stage_method_name
-from crihook.hooks.spec.views import ContainerView, PodView
+from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
+from crihook.hooks.spec.events import Event, Stage, stage_of_method
+from crihook.hooks.spec.hints import ResourceHints, TopologyHint
+from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
-__all__ = ["ChainHook", "Hook", "HookContext", "HookState", "subscriptions_of"]
+if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the spec
+    from crihook.hooks.node.host import Host
+    from crihook.hooks.node.topology import Topology
+
+__all__ = [
+    "ChainHook",
+    "Hook",
+    "HookContext",
+    "HookState",
+    "RuntimeQueries",
+    "SyncContext",
+    "subscriptions_of",
+]
 
 
 class HookState(Protocol):
@@ -36,6 +59,37 @@ class HookState(Protocol):
     def items(self) -> Iterator[tuple[str, Any]]: ...
 
 
+class RuntimeQueries(Protocol):
+    """What a hook may ask the runtime on the call path, through crihook (so a replay can
+    answer from a recording)."""
+
+    async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
+        """The state of every container of a pod sandbox, by container id."""
+        ...
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """What a hook is given before the first call, and again after crihook reconciled pods
+    it had missed: everything it needs to rebuild and check its allocations."""
+
+    state: HookState
+    """The hook's persisted state, as the last crihook left it."""
+    node: Topology
+    host: Host
+    runtime: RuntimeQueries
+    pods: Sequence[PodView]
+    containers: Sequence[ContainerView]
+    """Resources as the runtime reports them now (ContainerStatus), where it reports them."""
+    container_states: Mapping[str, ContainerState]
+    reason: str = "start"
+    """`start`, or `reconcile` when crihook learnt of pods and containers it had missed."""
+    topology_policy: str = "none"
+    """The node's topology policy (`[node] topology_policy`)."""
+    topology_scope: str = "container"
+    """`container`, or `pod`: pods with pod-level resources get one NUMA-aligned bubble."""
+
+
 class HookContext:
     """What one hook call sees. Read-only by contract; `request` is the hook's own copy of
     the CRI request as adjusted by earlier hooks (decoded on first use)."""
@@ -43,8 +97,10 @@ class HookContext:
     __slots__ = (
         "_request",
         "_request_copy",
+        "affinity",
         "container",
         "event",
+        "failure",
         "pod",
         "response",
         "stage",
@@ -62,6 +118,9 @@ class HookContext:
         response: Message | None,
         state: HookState,
         timeout: float,
+        *,
+        affinity: TopologyHint | None = None,
+        failure: str = "",
     ) -> None:
         self.event = event
         self.stage = stage
@@ -73,6 +132,11 @@ class HookContext:
         self.state = state
         self.timeout = timeout
         """Seconds this call may take (the hook's timeout or kubelet's remaining deadline)."""
+        self.affinity = affinity
+        """The NUMA placement the topology policy chose from every hook's hints (pre stage of
+        CreateContainer and RunPodSandbox); None when no hook offered hints."""
+        self.failure = failure
+        """Failed stage: why the call failed or the adjustment was not applied."""
 
     @property
     def request(self) -> Message:
@@ -93,38 +157,66 @@ class Hook:
     """Base class of in-process hooks (and of SDK plugins). `options` are the hook's own
     settings from `[hooks.<name>]` (or the plugin's command line)."""
 
+    honours_exemption: bool = True
+    """False for node-wide accounting hooks (cpuset, numa): they place and count the
+    containers of exempt pods too, or an exempt container would run on another pod's
+    exclusive CPUs. Exempt pods still never wait on a hook that honours the exemption."""
+
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options: Mapping[str, Any] = dict(options or {})
 
     async def start(self) -> None:
-        """Called once before the first event (open files, read sysfs, ...)."""
+        """Called once at start-up, before synchronize (open files, check options, ...)."""
+
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate] | None:
+        """Rebuild and check what the hook keeps against the runtime; called after the store
+        was reconciled, before the first call, and after crihook learnt of missed pods.
+        Returned updates (repairs) are sent to the runtime."""
+        return None
 
     async def close(self) -> None:
         """Called once at shutdown."""
 
 
 def subscriptions_of(hook: object) -> frozenset[tuple[Event, Stage]]:
-    """The (event, stage) pairs a hook implements, from its coroutine methods."""
+    """The (event, stage) pairs a hook implements, from its methods.
+
+    ValueError names a method that looks like a stage but is none, or a stage method that is
+    not `async def`."""
     subs = set()
-    for event in Event:
-        for stage in Stage:
-            method = getattr(hook, stage_method_name(event, stage), None)
-            if method is not None and inspect.iscoroutinefunction(method):
-                subs.add((event, stage))
+    for name in dir(hook):
+        found = stage_of_method(name)
+        if found is None:
+            continue
+        if not inspect.iscoroutinefunction(getattr(hook, name)):
+            raise ValueError(f"stage method {name!r} must be `async def`")
+        subs.add(found)
     return frozenset(subs)
 
 
 @runtime_checkable
 class ChainHook(Protocol):
-    """How the chain sees a hook, in-process or out-of-process alike.
+    """How the chain sees a hook, in-process or out-of-process alike."""
 
-    Optional attributes: `connected` (False: down, calls fail and the failure policy
-    applies) and `bounds_own_calls` (True: `call` itself ends by `ctx.timeout`, so the
-    chain sets no timer)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def connected(self) -> bool:
+        """False: down; its calls fail and its failure policy applies."""
+        ...
 
-    name: str
+    @property
+    def bounds_own_calls(self) -> bool:
+        """True: `call` itself ends by `ctx.timeout`, so the chain sets no timer."""
+        ...
+
+    @property
+    def honours_exemption(self) -> bool:
+        """False: called for exempt pods too (node-wide accounting)."""
+        ...
 
     def subscriptions(self) -> frozenset[tuple[Event, Stage]]: ...
-    async def call(self, ctx: HookContext) -> Adjustment | None: ...
+    async def call(self, ctx: HookContext) -> Adjustment | ResourceHints | None: ...
     async def start(self) -> None: ...
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]: ...
     async def close(self) -> None: ...

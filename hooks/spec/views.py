@@ -24,10 +24,12 @@ from crihook.api.cri.v1 import api_pb2
 
 __all__ = [
     "ContainerKind",
+    "ContainerState",
     "ContainerView",
     "PodView",
     "QoSClass",
     "ResourcesView",
+    "container_state",
     "container_view_from_config",
     "container_view_updated",
     "cpu_request_milli_from_shares",
@@ -56,6 +58,27 @@ class ContainerKind(enum.Enum):
     SIDECAR = "sidecar"
     APP = "app"
     UNKNOWN = "unknown"  # CRI does not say, and the pod carries no crihook.io annotation
+
+
+class ContainerState(enum.Enum):
+    """A container's state as the runtime reports it (CRI ContainerState)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+_CRI_STATES: dict[int, ContainerState] = {
+    api_pb2.CONTAINER_CREATED: ContainerState.CREATED,
+    api_pb2.CONTAINER_RUNNING: ContainerState.RUNNING,
+    api_pb2.CONTAINER_EXITED: ContainerState.EXITED,
+}
+
+
+def container_state(cri_state: int) -> ContainerState:
+    """The CRI ContainerState enum value as a ContainerState."""
+    return _CRI_STATES.get(cri_state, ContainerState.UNKNOWN)
 
 
 def _ro(mapping: Mapping[str, str] | None) -> Mapping[str, str]:

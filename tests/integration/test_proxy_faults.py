@@ -26,6 +26,23 @@ RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"
 
 
+# The least an intercepted call must carry for crihook to forward it (proxy/validate.py);
+# pass-through methods are forwarded whatever they carry.
+SANDBOX = api_pb2.PodSandboxConfig(metadata=api_pb2.PodSandboxMetadata(name="p", uid="u1"))
+MINIMAL = {
+    "StartContainer": api_pb2.StartContainerRequest(container_id="c1").SerializeToString(),
+    "CreateContainer": api_pb2.CreateContainerRequest(
+        pod_sandbox_id="p1",
+        config=api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="app")),
+        sandbox_config=SANDBOX,
+    ).SerializeToString(),
+}
+
+
+def _minimal(method: str) -> bytes:
+    return MINIMAL.get(method, b"")
+
+
 def _unknown_field(number: int, payload: bytes) -> bytes:
     """A length-delimited field the CRI schema does not have."""
     tag = (number << 3) | 2
@@ -77,7 +94,7 @@ def test_intercepted_call_without_hooks_is_byte_identical(
         envs=[api_pb2.KeyValue(key="B", value=b"\xff\xfe not utf-8"), api_pb2.KeyValue(key="A")],
     )
     request = api_pb2.CreateContainerRequest(
-        pod_sandbox_id="p1", config=config
+        pod_sandbox_id="p1", config=config, sandbox_config=SANDBOX
     ).SerializeToString() + _unknown_field(60, b"newer")
     fake.script["CreateContainer"] = Reply(
         response=api_pb2.CreateContainerResponse(container_id="c1").SerializeToString()
@@ -138,7 +155,7 @@ def test_runtime_status_reaches_kubelet_unchanged(
 ) -> None:
     fake.script[method] = Reply(code=code, details=details)
     with pytest.raises(grpc.RpcError) as err:
-        _call(proxy.endpoint, RUNTIME + method, b"")
+        _call(proxy.endpoint, RUNTIME + method, _minimal(method))
     assert (err.value.code(), err.value.details()) == (code, details)
 
 
@@ -146,7 +163,7 @@ def test_runtime_status_reaches_kubelet_unchanged(
 def test_kubelet_deadline_reaches_the_runtime(
     fake: FakeRuntime, proxy: CrihookProcess, method: str
 ) -> None:
-    _call(proxy.endpoint, RUNTIME + method, b"", timeout=7)
+    _call(proxy.endpoint, RUNTIME + method, _minimal(method), timeout=7)
     seen = fake.calls(method)[-1].time_remaining
     assert seen is not None and 5.5 < seen <= 7.3  # grpc-timeout is rounded up
 
@@ -158,7 +175,7 @@ def test_expired_deadline_is_deadline_exceeded(
     fake.script[method] = Reply(delay=2.0)
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
-        _call(proxy.endpoint, RUNTIME + method, b"", timeout=0.5)
+        _call(proxy.endpoint, RUNTIME + method, _minimal(method), timeout=0.5)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 1.8
 
@@ -262,7 +279,7 @@ def test_non_socket_file_at_listen_path_is_refused(fake: FakeRuntime) -> None:
         ("socket_mode = 660", [], "socket_mode:"),
         ("shutdown_grace_seconds = -1", [], "shutdown_grace_seconds:"),
         ("nonsense = 1", [], "nonsense: unknown setting"),
-        ('[hooks]\norder = ["annotate"]', [], "[hooks] order:"),
+        ('[hooks]\norder = ["anotate"]', [], "[hooks] order:"),
         (
             '[hooks]\norder = ["10-annotate"]\n[hooks.annotate]\nfailure_policy = "maybe"',
             [],
@@ -276,7 +293,7 @@ def test_non_socket_file_at_listen_path_is_refused(fake: FakeRuntime) -> None:
         ('[hooks]\norder = ["10-annotate"]', [], "[hooks.annotate]: annotate: option 'key'"),
         ("listen = ", [], "--config:"),
         ("", ["--runtime-endpoint", "tcp://1.2.3.4:1"], "--runtime-endpoint:"),
-        ("", ["--hooks", "cpuset"], "--hooks:"),
+        ("", ["--hooks", "cpusett"], "--hooks:"),
         ("", ["--log-level", "loud"], "--log-level"),
         ("", ["--state-dir", "rel/dir"], "--state-dir:"),
     ],

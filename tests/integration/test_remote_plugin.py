@@ -12,7 +12,7 @@ import socket as socket_module
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from crihook.hooks.remote.client import RemoteHook
 from crihook.hooks.remote.convert import adjustment_to_proto, subscriptions_to_proto
 from crihook.hooks.spec import (
     Adjustment,
+    ContainerState,
     ContainerUpdate,
     ContainerView,
     Event,
@@ -36,6 +37,7 @@ from crihook.hooks.spec import (
     Reject,
     ResourceDelta,
     Stage,
+    SyncContext,
 )
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
 from crihook.proxy.config import HookSettings
@@ -43,7 +45,7 @@ from crihook.proxy.config import HookSettings
 KEY, VALUE = "example.com/annotated", "yes"
 WAIT = 15.0  # generous upper bound for "eventually" on a loaded 2-CPU machine
 
-Snapshot = tuple[Sequence[PodView], Sequence[ContainerView]]
+Snapshot = tuple[Sequence[PodView], Sequence[ContainerView], Mapping[str, ContainerState]]
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ async def remote() -> AsyncIterator[RemoteFactory]:
 
     async def make(
         socket: Path,
-        snapshot: Callable[[], Snapshot] = lambda: ([], []),
+        snapshot: Callable[[], Snapshot] = lambda: ([], [], {}),
         **kwargs: Any,
     ) -> RemoteHook:
         hook = RemoteHook(
@@ -245,11 +247,11 @@ class ScriptedHook(Hook):
         super().__init__()
         self.synchronized: list[Snapshot] = []
 
-    async def synchronize(
-        self, pods: Sequence[PodView], containers: Sequence[ContainerView]
-    ) -> list[ContainerUpdate]:
-        self.synchronized.append((list(pods), list(containers)))
-        return [ContainerUpdate(c.id, ResourceDelta(cpu_shares=2)) for c in containers]
+    async def synchronize(self, sync: SyncContext) -> list[ContainerUpdate]:
+        self.synchronized.append(
+            (list(sync.pods), list(sync.containers), dict(sync.container_states))
+        )
+        return [ContainerUpdate(c.id, ResourceDelta(cpu_shares=2)) for c in sync.containers]
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
         assert ctx.container is not None
@@ -454,10 +456,13 @@ async def test_synchronize_receives_the_snapshot(
 
     socket = sock_dir / "sync.sock"
     await served(scripted, socket)
-    hook = await remote(socket, lambda: ([ctx.pod], [container]), on_sync_updates=on_sync_updates)
+    states = {"c0ffee": ContainerState.RUNNING}
+    hook = await remote(
+        socket, lambda: ([ctx.pod], [container], states), on_sync_updates=on_sync_updates
+    )
     await eventually(lambda: hook.connected, "connected")
 
-    assert scripted.synchronized == [([ctx.pod], [container])]
+    assert scripted.synchronized == [([ctx.pod], [container], states)]
     assert received == [("50-annotate", (ContainerUpdate("c0ffee", ResourceDelta(cpu_shares=2)),))]
 
 

@@ -225,7 +225,7 @@ class PreCreateAndPostStart(Hook):
     async def post_start_container(self, ctx: HookContext) -> None:
         self.calls.append((ctx.event, ctx.stage))
 
-    def pre_remove_container(self, ctx: HookContext) -> None:  # not a coroutine: ignored
+    def helper_not_a_stage(self) -> None:  # not named like a stage: not a subscription
         raise AssertionError("never called")
 
 
@@ -502,7 +502,7 @@ async def test_updates_pass_through_the_chain() -> None:
     calls: list[str] = []
     chain = make_chain([make_entry(Probe("10-a", calls, update), "10-a")])
     merger = await run_create(chain)
-    assert [(h, u.container_id) for h, u in merger.updates] == [("10-a", "other")]
+    assert [(h, u.container_id) for h, u, _ in merger.updates] == [("10-a", "other")]
 
 
 # --- kubelet's deadline ----------------------------------------------------------------------
@@ -829,6 +829,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "dry_run": False,
             "enabled": True,
             "connected": True,
+            "honours_exemption": True,
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2},
@@ -841,6 +842,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "dry_run": False,
             "enabled": True,
             "connected": True,
+            "honours_exemption": True,
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2, "failures": 2, "ignored": 2},

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.proxy import config as config_module
 from crihook.proxy.config import (
     ChainSettings,
     HookSettings,
+    NodeSettings,
     RuntimeSettings,
     ServerSettings,
     Settings,
@@ -41,6 +43,7 @@ def test_defaults() -> None:
         socket_mode=0o660,
         socket_group=None,
         shutdown_grace_seconds=10.0,
+        max_message_bytes=24 * 1024 * 1024,
     )
     assert settings.runtime == RuntimeSettings(
         endpoint="unix:///run/containerd/containerd.sock",
@@ -155,7 +158,19 @@ VALID_TOP = [
         "runtime.startup_wait_max_seconds",
         1.0,
     ),
+    (
+        "max_message_bytes",
+        {"max_message_bytes": 32 * 1024 * 1024},
+        "server.max_message_bytes",
+        32 * 1024 * 1024,
+    ),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
+    (
+        "node",
+        {"node": {"sysfs_root": "/fixtures/sys", "topology_policy": "restricted"}},
+        "node",
+        NodeSettings(sysfs_root=Path("/fixtures/sys"), topology_policy="restricted"),
+    ),
 ]
 
 
@@ -200,6 +215,10 @@ INVALID_TOP = [
         {"runtime_startup_wait_max_seconds": 0},
         "runtime_startup_wait_max_seconds",
     ),
+    ("max_message_bytes-float", {"max_message_bytes": 1e7}, "max_message_bytes"),
+    ("max_message_bytes-string", {"max_message_bytes": "16MiB"}, "max_message_bytes"),
+    ("max_message_bytes-tiny", {"max_message_bytes": 16}, "max_message_bytes"),
+    ("max_message_bytes-over-int32", {"max_message_bytes": 2**31}, "max_message_bytes"),
     ("hooks-not-a-table", {"hooks": "10-a"}, "[hooks]"),
 ]
 
@@ -253,6 +272,8 @@ INVALID_HOOKS = [
     ("order-one-digit", {"order": ["1-a"]}, "[hooks] order"),
     ("order-upper-case", {"order": ["10-A"]}, "[hooks] order"),
     ("order-base-twice", {"order": ["10-a", "20-a"]}, "[hooks] order"),
+    ("order-builtin-twice", {"order": ["cpuset", "25-cpuset"]}, "[hooks] order"),
+    ("order-unknown-bare-name", {"order": ["cpusett"]}, "[hooks] order"),
     ("conflict-unknown", {"conflict": "last-wins"}, "[hooks] conflict"),
     ("precedence-mode-without-list", {"conflict": "precedence"}, "[hooks] precedence"),
     ("precedence-not-strings", {"precedence": [1]}, "[hooks] precedence"),
@@ -381,6 +402,58 @@ def test_hooks_flag_may_reorder_a_configured_hook() -> None:
     assert (a.name, a.timeout_ms, a.failure_policy) == ("30-a", 5, "ignore")
 
 
+def test_builtin_names_take_their_default_positions() -> None:
+    settings = apply_flags(Settings(), {"hooks": "oom,cpuset,numa"})
+    assert [h.name for h in settings.chain.hooks] == ["40-oom", "20-cpuset", "30-numa"]
+    settings = settings_from_toml({"hooks": {"order": ["cpuset", "15-oom"], "oom": {"x": 1}}})
+    assert [h.name for h in settings.chain.hooks] == ["20-cpuset", "15-oom"]
+    assert settings.chain.hooks[1].options == {"x": 1}
+
+
+def test_hook_tables_serve_a_chain_named_by_the_flag() -> None:
+    doc = {"hooks": {"cpuset": {"reserved_cpus": "0-1", "timeout_ms": 50}}}
+    settings = apply_flags(settings_from_toml(doc), {"hooks": "cpuset,oom"})
+    cpuset, oom = settings.chain.hooks
+    assert (cpuset.name, cpuset.timeout_ms, dict(cpuset.options)) == (
+        "20-cpuset",
+        50,
+        {"reserved_cpus": "0-1"},
+    )
+    assert oom == HookSettings(name="40-oom")
+    with pytest.raises(ConfigError) as info:
+        apply_flags(settings_from_toml(doc), {"hooks": "oom"})
+    assert info.value.setting == "[hooks.cpuset]"
+
+
+def test_builtin_positions_are_distinct() -> None:
+    positions = [h.position for h in BUILTIN_HOOKS.values()]
+    assert len(set(positions)) == len(positions)
+
+
+@pytest.mark.parametrize(
+    ("table", "setting"),
+    [
+        ({"topology_policy": "strict"}, "[node] topology_policy"),
+        ({"topology_scope": "node"}, "[node] topology_scope"),
+        ({"sysfs_root": "sys"}, "[node] sysfs_root"),
+        ({"sysfs": "/sys"}, "[node] sysfs"),
+    ],
+    ids=["policy", "scope", "relative-root", "unknown-key"],
+)
+def test_invalid_node_settings_name_the_setting(table: dict[str, Any], setting: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_toml({"node": table})
+    assert info.value.setting == setting
+
+
+def test_sysfs_root_flag() -> None:
+    settings = apply_flags(Settings(), {"sysfs_root": "/fixtures/epyc"})
+    assert settings.node.sysfs_root == Path("/fixtures/epyc")
+    with pytest.raises(ConfigError) as info:
+        apply_flags(Settings(), {"sysfs_root": "epyc"})
+    assert info.value.setting == "--sysfs-root"
+
+
 @pytest.mark.parametrize(
     "value", ["10-a,20-a", "a", "10-a,,B"], ids=["twice", "no-number", "upper-case"]
 )
@@ -401,6 +474,7 @@ def test_flags_override_the_file() -> None:
             "state_dir": "/var/lib/flag",
             "log_format": "json",
             "log_level": "DEBUG",
+            "max_message_bytes": 16 * 1024 * 1024,
         },
     )
     assert settings.server.listen == "unix:///run/flag.sock"
@@ -409,6 +483,7 @@ def test_flags_override_the_file() -> None:
     assert settings.chain.plugins_dir == Path("/etc/flag.d")
     assert settings.state_dir == Path("/var/lib/flag")
     assert (settings.log_format, settings.log_level) == ("json", "debug")
+    assert settings.server.max_message_bytes == 16 * 1024 * 1024
     # What no flag named stays as the file said.
     assert settings.chain.dry_run is True
     assert [h.name for h in settings.chain.hooks] == ["10-a", "20-c"]
@@ -426,6 +501,7 @@ def test_absent_flags_change_nothing() -> None:
         "state_dir": None,
         "log_format": None,
         "log_level": None,
+        "max_message_bytes": None,
     }
     assert apply_flags(base, flags) == base
     assert apply_flags(base, {}) == base
@@ -446,8 +522,18 @@ def test_dry_run_flag_turns_dry_run_on() -> None:
         ({"state_dir": "rel"}, "--state-dir"),
         ({"log_format": "xml"}, "--log-format"),
         ({"log_level": "trace"}, "--log-level"),
+        ({"max_message_bytes": 1000}, "--max-message-bytes"),
     ],
-    ids=["listen", "runtime", "image", "plugins-dir", "state-dir", "log-format", "log-level"],
+    ids=[
+        "listen",
+        "runtime",
+        "image",
+        "plugins-dir",
+        "state-dir",
+        "log-format",
+        "log-level",
+        "max-message-bytes",
+    ],
 )
 def test_bad_flags_name_the_flag(flags: dict[str, Any], setting: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -595,7 +595,7 @@ def test_updates_are_allowed_everywhere(event: Event, post: bool) -> None:
     adj = Adjustment().update_container("other", ResourceDelta(cpuset_cpus="0-3"))
     merger.validate("10-a", adj, post=post)
     merger.add("10-a", "a", adj)
-    assert [(h, u.container_id) for h, u in merger.updates] == [("10-a", "other")]
+    assert [(h, u.container_id) for h, u, _ in merger.updates] == [("10-a", "other")]
     assert not merger.changed
 
 

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
 import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 
+from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
 from crihook.proxy import store as store_module
+from crihook.proxy.config import RuntimeSettings
+from crihook.proxy.errors import CrihookError, StateWriteError
+from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.state_cli import render_state
 from crihook.proxy.store import (
     STORE_FILE,
     WRITE_BEHIND_SECONDS,
@@ -21,6 +35,9 @@ from crihook.proxy.store import (
     Store,
     write_atomic,
 )
+from tests.lab.crihook_proc import short_tmpdir
+from tests.lab.fake_runtime import FakeRuntime, Reply
+from tests.lab.small_disk import SmallDisk, small_disk
 
 
 def pod(sandbox_id: str, name: str = "web") -> PodRecord:
@@ -68,6 +85,13 @@ def loaded(state_dir: Path) -> Store:
     store = Store(state_dir)
     store.load()
     return store
+
+
+def pods_on_disk(state_dir: Path) -> list[str]:
+    """The pods in store.json, read without a Store (whose load() sweeps temp files: it
+    would take the one of a write in progress for a leftover)."""
+    path = state_dir / STORE_FILE
+    return sorted(json.loads(path.read_bytes())["pods"]) if path.exists() else []
 
 
 def files_under(root: Path) -> list[str]:
@@ -293,18 +317,18 @@ async def wait_for_file(path: Path) -> None:
     raise AssertionError(f"{path} was never written")
 
 
-async def test_schedule_coalesces_changes_into_one_write(
+async def test_write_behind_coalesces_changes_into_one_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = loaded(tmp_path)
     writes = count_writes(store, monkeypatch)
     try:
         store.put_pod(pod("sb1"))
-        store.schedule()
+        store.write_behind()
         store.put_pod(pod("sb2"))
-        store.schedule()
+        store.write_behind()
         store.put_container(container("c1", "sb1"))
-        store.schedule()
+        store.write_behind()
         assert not (tmp_path / STORE_FILE).exists()  # not on the request path
         await asyncio.sleep(WRITE_BEHIND_SECONDS + 0.05)
         await wait_for_file(tmp_path / STORE_FILE)
@@ -315,12 +339,12 @@ async def test_schedule_coalesces_changes_into_one_write(
     assert (sorted(again.pods), sorted(again.containers)) == (["sb1", "sb2"], ["c1"])
 
 
-async def test_schedule_without_changes_writes_nothing(
+async def test_write_behind_without_changes_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = loaded(tmp_path)
     writes = count_writes(store, monkeypatch)
-    store.schedule()
+    store.write_behind()
     await asyncio.sleep(WRITE_BEHIND_SECONDS + 0.05)
     await store.close()
     assert writes == []
@@ -334,7 +358,7 @@ async def test_close_writes_pending_changes(
     writes = count_writes(store, monkeypatch)
     store.put_pod(pod("sb1"))
     store.hook_state("pin").set("k", "v")
-    store.schedule()
+    store.write_behind()
     await store.close()
     assert len(writes) == 1
     again = loaded(tmp_path)
@@ -351,3 +375,554 @@ async def test_close_writes_status(tmp_path: Path) -> None:
     await store.close()
     status = json.loads((tmp_path / store_module.STATUS_FILE).read_bytes())
     assert status == {"hooks": [{"name": "10-a"}]}
+
+
+# --- empty ids -------------------------------------------------------------------------------
+
+
+def test_records_with_an_empty_id_are_refused(tmp_path: Path) -> None:
+    store = loaded(tmp_path)
+    with pytest.raises(ValueError, match="sandbox id"):
+        store.put_pod(pod(""))
+    with pytest.raises(ValueError, match="container id"):
+        store.put_container(container("", "sb1"))
+    assert (store.pods, store.containers, store.hook_states_dirty) == ({}, {}, False)
+
+
+# --- write_atomic and leftovers --------------------------------------------------------------
+
+
+def temp_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob(f"*{store_module.TEMP_MARK}*"))
+
+
+def test_write_atomic_removes_its_temp_file_when_the_replace_fails(tmp_path: Path) -> None:
+    (tmp_path / "x.json").mkdir()  # a directory where the file should go: rename fails
+    with pytest.raises(IsADirectoryError):
+        write_atomic(tmp_path / "x.json", b"data")
+    assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_write_atomic_removes_its_temp_file_when_the_fsync_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store_module.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_atomic(tmp_path / "x.json", b"data")
+    assert os.listdir(tmp_path) == []
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_load_removes_temp_files_left_by_a_crash_and_keeps_a_live_write(tmp_path: Path) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    dead = _dead_pid()
+    old = time.time() - 2 * store_module.STALE_TEMP_SECONDS
+    leftovers = [
+        tmp_path / f".store.json.tmp-{dead}",  # the name of older crihook versions
+        tmp_path / f".status.json.tmp-{dead}-0a1b2c3d",
+        hooks / f".pin.json.tmp-{dead}-0a1b2c3d",
+        tmp_path / f".store.json.tmp-{os.getpid()}-00000000",  # this pid in an earlier life
+        tmp_path / ".store.json.tmp-1-old",  # a live pid, but far too old to be a write
+    ]
+    live = tmp_path / ".store.json.tmp-1-fresh"  # pid 1 is alive: someone is writing it
+    for path in [*leftovers, live]:
+        path.write_bytes(b"x" * 65536)
+    os.utime(leftovers[-1], (old, old))
+    (tmp_path / "store.json.corrupt-1").write_bytes(b"kept for the operator")
+    loaded(tmp_path)
+    assert temp_files(tmp_path) == [live.name]
+    assert (tmp_path / "store.json.corrupt-1").exists()
+
+
+# --- a small disk that can be filled --------------------------------------------------------
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    if os.geteuid() != 0:
+        pytest.fail("mounting a tmpfs needs root (run the tests as root)", pytrace=False)
+    with small_disk(tmp_path / "state") as mounted:
+        yield mounted
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def store_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == store_module.__name__]
+
+
+# --- write_ahead -----------------------------------------------------------------------------
+
+
+async def test_write_ahead_on_a_full_disk_is_resource_exhausted_and_keeps_the_state(
+    disk: SmallDisk,
+) -> None:
+    store = loaded(disk.path)
+    try:
+        store.hook_state("pin").set("c1", [2, 3])
+        disk.fill()
+        with pytest.raises(StateWriteError) as info:
+            await store.write_ahead()
+        assert info.value.status == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert str(info.value) == (
+            f"cannot write its state to {disk.path} (No space left on device); "
+            "the call was not forwarded"
+        )
+        assert isinstance(info.value, CrihookError)
+        # Nothing lost, nothing half-written, nothing left to fill the disk.
+        assert store.hook_state("pin").get("c1") == [2, 3]
+        assert store.hook_states_dirty
+        assert disk.files() == ["hooks"]
+        assert store.degraded == (
+            f"cannot write {disk.path}/hooks/pin.json: [Errno 28] No space left on device"
+        )
+        assert store.write_failures >= 1
+        # Space comes back: the background writer puts it on disk without another call.
+        disk.free()
+        await wait_until(lambda: store.degraded is None, "the store to recover")
+        assert not store.hook_states_dirty
+        assert loaded(disk.path).hook_states() == {"pin": {"c1": [2, 3]}}
+        assert temp_files(disk.path) == []
+    finally:
+        await store.close()
+
+
+async def test_write_ahead_on_a_read_only_disk_is_unavailable(disk: SmallDisk) -> None:
+    store = loaded(disk.path)
+    try:
+        store.hook_state("pin").set("c1", [2, 3])
+        disk.remount("ro")
+        with pytest.raises(StateWriteError) as info:
+            await store.write_ahead()
+        assert info.value.status == grpc.StatusCode.UNAVAILABLE
+        assert "(Read-only file system)" in str(info.value)
+        assert store.hook_states_dirty
+        disk.remount("rw")
+        store.hook_state("pin").set("c2", [4])
+        await store.write_ahead()  # a new change: this call writes it, and the older one
+        assert loaded(disk.path).hook_states() == {"pin": {"c1": [2, 3], "c2": [4]}}
+    finally:
+        await store.close()
+
+
+async def test_a_failed_write_ahead_does_not_fail_later_calls_that_changed_nothing(
+    disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = loaded(disk.path)
+    writes = count_writes(store, monkeypatch)
+    try:
+        state = store.hook_state("pin")
+        state.set("a", 1)
+        disk.fill()
+        with pytest.raises(StateWriteError):
+            await store.write_ahead()
+        tried = len(writes)
+        await store.write_ahead()  # only the change an earlier call was told about: no error
+        assert len(writes) == tried  # and no write on the request path for it
+        state.set("b", 2)  # a change of this call: it must be on disk before forwarding
+        with pytest.raises(StateWriteError):
+            await store.write_ahead()
+        disk.free()
+        state.set("c", 3)
+        await store.write_ahead()
+        assert loaded(disk.path).hook_states() == {"pin": {"a": 1, "b": 2, "c": 3}}
+    finally:
+        await store.close()
+
+
+async def test_write_ahead_without_hook_changes_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = loaded(tmp_path)
+    writes = count_writes(store, monkeypatch)
+    store.put_pod(pod("sb1"))  # a record: written behind, never ahead
+    before = store.hook_state_changes
+    await store.write_ahead()
+    assert (writes, store.hook_state_changes) == ([], before)
+    store.hook_state("pin").set("k", 1)
+    assert store.hook_state_changes == before + 1
+    await store.write_ahead()
+    assert len(writes) == 1
+    assert not (tmp_path / STORE_FILE).exists()  # only the hook state went ahead
+    assert loaded(tmp_path).hook_states() == {"pin": {"k": 1}}
+    await store.close()
+
+
+# --- write_behind ----------------------------------------------------------------------------
+
+
+async def test_write_behind_on_a_full_disk_degrades_retries_and_recovers_by_itself(
+    disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=store_module.__name__)
+    store = loaded(disk.path)
+    try:
+        store.put_pod(pod("sb1"))
+        store.write_behind()
+        await wait_until(lambda: (disk.path / STORE_FILE).exists(), "the first write")
+        disk.fill()
+        store.put_pod(pod("sb2"))
+        store.put_container(container("c1", "sb2"))
+        store.hook_state("pin").set("c1", [1])
+        store.write_behind()  # never raises
+        await wait_until(lambda: store.write_failures >= 3, "three failed attempts")
+        # Each retry waits twice as long as the one before (the writer is waiting now).
+        assert store.retry_seconds == min(
+            store_module.RETRY_FIRST_SECONDS * 2 ** (store.write_failures - 1),
+            store_module.RETRY_MAX_SECONDS,
+        )
+        assert store.degraded is not None
+        assert store.degraded.endswith(": [Errno 28] No space left on device")
+        assert store.degraded_since is not None
+        assert store.status()["degraded"] == store.degraded
+        store.put_pod(pod("sb3"))
+        store.write_behind()  # while degraded: no error, nothing new scheduled
+        assert sorted(store.pods) == ["sb1", "sb2", "sb3"]  # all kept in memory
+        assert disk.files() == ["hooks", STORE_FILE]  # no temp file left
+        assert pods_on_disk(disk.path) == ["sb1"]  # the last good write
+        errors = [m for level, m in store_log(caplog) if level >= logging.WARNING]
+        assert len(errors) == 1, errors  # logged once, not on every retry
+        assert errors[0].startswith(store.degraded)
+
+        disk.free()
+        await wait_until(lambda: store.degraded is None, "the store to recover")
+        again = loaded(disk.path)
+        assert (sorted(again.pods), sorted(again.containers)) == (["sb1", "sb2", "sb3"], ["c1"])
+        assert again.hook_states() == {"pin": {"c1": [1]}}
+        status = store.status()
+        assert (status["degraded"], status["degraded_since"]) == (None, None)
+        assert status["retry_seconds"] is None
+        assert status["write_failures"] == store.write_failures >= 3
+        assert status["last_error"].endswith("No space left on device")
+        messages = [m for level, m in store_log(caplog) if level >= logging.WARNING]
+        assert len(messages) == 2, messages  # once in, once out
+        assert messages[1].startswith(f"state written to {disk.path} again")
+    finally:
+        await store.close()
+
+
+async def test_changes_made_during_a_write_behind_are_written_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = loaded(tmp_path)
+    writing, go_on = threading.Event(), threading.Event()
+    real = store._write
+
+    def held(*args: Any) -> None:
+        writing.set()
+        go_on.wait(10)
+        real(*args)
+
+    monkeypatch.setattr(store, "_write", held)
+    try:
+        store.put_pod(pod("sb1"))
+        store.write_behind()
+        await wait_until(writing.is_set, "the first write to start")
+        store.put_pod(pod("sb2"))  # while the first write runs
+        store.write_behind()
+        go_on.set()
+        await wait_until(lambda: pods_on_disk(tmp_path) == ["sb1", "sb2"], "a second write")
+    finally:
+        go_on.set()
+        await store.close()
+
+
+# --- flush and close -------------------------------------------------------------------------
+
+
+async def test_flush_on_a_full_disk_raises_the_oserror_and_keeps_every_change(
+    disk: SmallDisk,
+) -> None:
+    store = loaded(disk.path)
+    try:
+        store.put_pod(pod("sb1"))
+        store.hook_state("pin").set("k", 1)
+        disk.fill()
+        with pytest.raises(OSError) as info:
+            await store.flush()
+        assert info.value.errno == errno.ENOSPC
+        assert store.degraded is not None
+        assert store.hook_states_dirty
+        assert disk.files() == ["hooks"]
+        disk.free()
+        await store.flush()
+        assert store.degraded is None
+        again = loaded(disk.path)
+        assert (sorted(again.pods), again.hook_states()) == (["sb1"], {"pin": {"k": 1}})
+    finally:
+        await store.close()
+
+
+async def test_close_on_a_full_disk_logs_and_does_not_raise(
+    disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = loaded(disk.path)
+    store.status_provider = lambda: {"hooks": []}
+    store.put_pod(pod("sb1"))
+    store.hook_state("pin").set("k", 1)
+    disk.fill()
+    store.write_behind()
+    await wait_until(lambda: store.degraded is not None, "the write-behind to fail")
+    await store.close()  # a writer waiting to retry is stopped; the last attempt is logged
+    assert store._writer is None
+    assert disk.files() == ["hooks"]
+    assert any("crihook stops with state not written" in m for _, m in store_log(caplog))
+
+
+# --- status.json -----------------------------------------------------------------------------
+
+
+async def test_status_write_failures_are_counted_logged_once_and_never_raised(
+    disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=store_module.__name__)
+    store = loaded(disk.path)
+    store.status_provider = lambda: {"hooks": [{"name": "10-a"}], "pad": "x" * 8192}
+    disk.fill()
+    for _ in range(3):
+        await store.write_status()
+    assert store.status_write_failures == 3
+    assert disk.files() == ["hooks"]
+    assert [m for _, m in store_log(caplog) if "status.json" in m] == [
+        f"cannot write {disk.path}/status.json: [Errno 28] No space left on device; "
+        "`crihook state` shows the last status written until it works again"
+    ]
+    disk.free()
+    await store.write_status()
+    await store.write_status()
+    assert json.loads((disk.path / "status.json").read_bytes())["hooks"] == [{"name": "10-a"}]
+    assert store_log(caplog)[-1] == (
+        logging.INFO,
+        f"{disk.path}/status.json written again (3 failed writes)",
+    )
+    assert store.degraded is None  # status.json is not the state
+    await store.close()
+
+
+def test_crihook_state_shows_a_degraded_store() -> None:
+    base: dict[str, Any] = {"pods": {}, "containers": {}, "hook_states": {}}
+    status: dict[str, Any] = {"version": "0", "ready": True, "runtime": "r", "dry_run": False}
+    degraded = {
+        "degraded": "cannot write /s/store.json: [Errno 28] No space left on device",
+        "degraded_since": 0.0,
+        "write_failures": 4,
+        "last_error": "cannot write /s/store.json: [Errno 28] No space left on device",
+    }
+    text = render_state({**base, "status": {**status, "store": degraded}})
+    assert "  store DEGRADED since " in text
+    assert (
+        ": cannot write /s/store.json: [Errno 28] No space left on device "
+        "(4 failed writes; kept in memory, retrying)"
+    ) in text
+    recovered = {**degraded, "degraded": None, "degraded_since": None}
+    text = render_state({**base, "status": {**status, "store": recovered}})
+    assert "  store ok again after 4 failed writes (last: cannot write /s/store.json" in text
+    healthy = {"degraded": None, "write_failures": 0}
+    assert "store" not in render_state({**base, "status": {**status, "store": healthy}})
+
+
+# --- reconcile_pod against a scripted runtime ----------------------------------------------
+
+
+def _sandbox(sandbox_id: str, uid: str, labelled: bool = True) -> api_pb2.PodSandbox:
+    return api_pb2.PodSandbox(
+        id=sandbox_id,
+        metadata=api_pb2.PodSandboxMetadata(name=f"pod-{uid}", namespace="shop", uid=uid),
+        state=api_pb2.SANDBOX_NOTREADY,
+        labels={store_module.POD_UID_LABEL: uid} if labelled else {"app": "x"},
+        runtime_handler="runc",
+    )
+
+
+def _container(container_id: str, sandbox_id: str) -> api_pb2.Container:
+    return api_pb2.Container(
+        id=container_id,
+        pod_sandbox_id=sandbox_id,
+        metadata=api_pb2.ContainerMetadata(name=f"c-{container_id}"),
+        image=api_pb2.ImageSpec(image="sha256:abc"),
+        labels={"io.kubernetes.container.name": f"c-{container_id}"},
+    )
+
+
+class ScriptedRuntime:
+    """What the fake runtime answers: sandboxes and containers, filtered as containerd does."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.sandboxes = [
+            _sandbox("sb-a", "uid-a"),
+            _sandbox("sb-b", "uid-b", labelled=False),  # not created by kubelet
+            _sandbox("sb-other", "uid-other"),
+        ]
+        self.containers = [
+            _container("c-a1", "sb-a"),
+            _container("c-a2", "sb-a"),
+            _container("c-b1", "sb-b"),
+            _container("c-other", "sb-other"),
+        ]
+        fake.script["ListPodSandbox"] = self._list_pods
+        fake.script["ListContainers"] = self._list_containers
+        fake.script["PodSandboxStatus"] = self._pod_status
+        fake.script["ContainerStatus"] = Reply(code=grpc.StatusCode.NOT_FOUND, details="gone")
+
+    def _list_pods(self, raw: bytes) -> Reply:
+        selector = api_pb2.ListPodSandboxRequest.FromString(raw).filter.label_selector
+        items = [
+            s for s in self.sandboxes if all(s.labels.get(k) == v for k, v in selector.items())
+        ]
+        return Reply(api_pb2.ListPodSandboxResponse(items=items).SerializeToString())
+
+    def _list_containers(self, raw: bytes) -> Reply:
+        sandbox_id = api_pb2.ListContainersRequest.FromString(raw).filter.pod_sandbox_id
+        items = [c for c in self.containers if not sandbox_id or c.pod_sandbox_id == sandbox_id]
+        return Reply(api_pb2.ListContainersResponse(containers=items).SerializeToString())
+
+    def _pod_status(self, raw: bytes) -> Reply:
+        """containerd's verbose status: the original config as JSON."""
+        sandbox_id = api_pb2.PodSandboxStatusRequest.FromString(raw).pod_sandbox_id
+        uid = sandbox_id.removeprefix("sb-")
+        config = {
+            "metadata": {"name": f"pod-uid-{uid}", "namespace": "shop", "uid": f"uid-{uid}"},
+            "linux": {"cgroup_parent": f"/kubepods/burstable/poduid-{uid}"},
+        }
+        info = {"info": json.dumps({"config": config})}
+        response = api_pb2.PodSandboxStatusResponse(
+            status=api_pb2.PodSandboxStatus(id=sandbox_id), info=info
+        )
+        return Reply(response.SerializeToString())
+
+
+@pytest.fixture
+def fake_runtime() -> Iterator[FakeRuntime]:
+    workdir = short_tmpdir("st-")
+    runtime = FakeRuntime(workdir / "rt.sock").start()
+    try:
+        yield runtime
+    finally:
+        runtime.stop()
+        shutil.rmtree(workdir)
+
+
+@pytest.fixture
+async def runtime_client(fake_runtime: FakeRuntime) -> AsyncIterator[RuntimeClient]:
+    client = RuntimeClient(RuntimeSettings(endpoint=fake_runtime.endpoint))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _requests(fake: FakeRuntime, method: str, message: Any) -> list[Any]:
+    return [message.FromString(c.request) for c in fake.calls(method)]
+
+
+async def test_reconcile_pod_finds_the_sandbox_by_kubelet_s_label(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    ScriptedRuntime(fake_runtime)
+    store = loaded(tmp_path)
+    try:
+        pods, containers = await store.reconcile_pod(runtime_client, "uid-a")
+        assert [p.view.id for p in pods] == ["sb-a"]
+        assert [c.view.id for c in containers] == ["c-a1", "c-a2"]
+        assert (sorted(store.pods), sorted(store.containers)) == (["sb-a"], ["c-a1", "c-a2"])
+        # Rebuilt from the runtime's verbose status where it has one, from the listing if not.
+        assert pods[0].view.uid == "uid-a"
+        assert pods[0].view.cgroup_parent == "/kubepods/burstable/poduid-a"
+        assert (containers[0].view.pod_id, containers[0].view.name) == ("sb-a", "c-c-a1")
+        assert [
+            r.filter.label_selector
+            for r in _requests(fake_runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest)
+        ] == [
+            {store_module.POD_UID_LABEL: "uid-a"}
+        ]  # found by the label: the whole list was never asked for
+        assert [
+            r.filter.pod_sandbox_id
+            for r in _requests(fake_runtime, "ListContainers", api_pb2.ListContainersRequest)
+        ] == ["sb-a"]
+        # Written behind like any record.
+        await wait_until(lambda: (tmp_path / STORE_FILE).exists(), "the write-behind")
+        assert sorted(loaded(tmp_path).containers) == ["c-a1", "c-a2"]
+        # Nothing new the second time.
+        assert await store.reconcile_pod(runtime_client, "uid-a") == ([], [])
+    finally:
+        await store.close()
+
+
+async def test_reconcile_pod_falls_back_to_the_metadata_uid(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    ScriptedRuntime(fake_runtime)
+    store = loaded(tmp_path)
+    try:
+        pods, containers = await store.reconcile_pod(runtime_client, "uid-b")
+        assert ([p.view.id for p in pods], [c.view.id for c in containers]) == (
+            ["sb-b"],
+            ["c-b1"],
+        )
+        selectors = [
+            dict(r.filter.label_selector)
+            for r in _requests(fake_runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest)
+        ]
+        assert selectors == [{store_module.POD_UID_LABEL: "uid-b"}, {}]
+        assert sorted(store.pods) == ["sb-b"]  # not the other pods the full list carried
+    finally:
+        await store.close()
+
+
+async def test_reconcile_pod_adds_only_what_the_store_lacks(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    ScriptedRuntime(fake_runtime)
+    store = loaded(tmp_path)
+    known = pod("sb-a", "known")
+    store.put_pod(known)
+    store.put_container(container("c-a1", "sb-a"))
+    try:
+        pods, containers = await store.reconcile_pod(runtime_client, "uid-a")
+        assert (pods, [c.view.id for c in containers]) == ([], ["c-a2"])
+        assert store.pod("sb-a") is known  # kept as it was
+        assert store.container("c-a1") == container("c-a1", "sb-a")
+        assert fake_runtime.calls("PodSandboxStatus") == []
+    finally:
+        await store.close()
+
+
+async def test_reconcile_pod_of_a_pod_the_runtime_does_not_have_adds_nothing(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    ScriptedRuntime(fake_runtime)
+    store = loaded(tmp_path)
+    assert await store.reconcile_pod(runtime_client, "uid-none") == ([], [])
+    assert (store.pods, store.containers) == ({}, {})
+    with pytest.raises(ValueError, match="pod uid"):
+        await store.reconcile_pod(runtime_client, "")
+    await store.close()
+
+
+async def test_reconcile_pod_raises_when_the_runtime_fails(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    fake_runtime.script["ListPodSandbox"] = Reply(
+        code=grpc.StatusCode.UNAVAILABLE, details="restarting"
+    )
+    store = loaded(tmp_path)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await store.reconcile_pod(runtime_client, "uid-a")
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert store.pods == {}
+    await store.close()

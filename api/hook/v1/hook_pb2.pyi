@@ -24,6 +24,7 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_UNSPECIFIED: _ClassVar[Stage]
     PRE: _ClassVar[Stage]
     POST: _ClassVar[Stage]
+    FAILED: _ClassVar[Stage]
 EVENT_UNSPECIFIED: Event
 RUN_POD_SANDBOX: Event
 CREATE_CONTAINER: Event
@@ -36,6 +37,7 @@ REMOVE_POD_SANDBOX: Event
 STAGE_UNSPECIFIED: Stage
 PRE: Stage
 POST: Stage
+FAILED: Stage
 
 class Subscription(_message.Message):
     __slots__ = ("event", "stage")
@@ -177,7 +179,7 @@ class Container(_message.Message):
     def __init__(self, id: _Optional[str] = ..., pod_id: _Optional[str] = ..., name: _Optional[str] = ..., attempt: _Optional[int] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., kind: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("seq", "event", "stage", "pod", "container", "request", "response", "timeout_ms")
+    __slots__ = ("seq", "event", "stage", "pod", "container", "request", "response", "timeout_ms", "failure")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +188,7 @@ class StageRequest(_message.Message):
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     event: Event
     stage: Stage
@@ -194,19 +197,22 @@ class StageRequest(_message.Message):
     request: bytes
     response: bytes
     timeout_ms: int
-    def __init__(self, seq: _Optional[int] = ..., event: _Optional[_Union[Event, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    failure: str
+    def __init__(self, seq: _Optional[int] = ..., event: _Optional[_Union[Event, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class StageResponse(_message.Message):
-    __slots__ = ("seq", "adjustment", "reject_reason", "error")
+    __slots__ = ("seq", "adjustment", "reject_reason", "error", "reject_invalid")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENT_FIELD_NUMBER: _ClassVar[int]
     REJECT_REASON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REJECT_INVALID_FIELD_NUMBER: _ClassVar[int]
     seq: int
     adjustment: Adjustment
     reject_reason: str
     error: str
-    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    reject_invalid: bool
+    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ..., error: _Optional[str] = ..., reject_invalid: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("container_path", "host_path", "permissions")
@@ -349,12 +355,21 @@ class Adjustment(_message.Message):
     def __init__(self, cgroup_parent: _Optional[str] = ..., set_labels: _Optional[_Mapping[str, str]] = ..., remove_labels: _Optional[_Iterable[str]] = ..., set_annotations: _Optional[_Mapping[str, str]] = ..., remove_annotations: _Optional[_Iterable[str]] = ..., cpuset_cpus: _Optional[str] = ..., cpuset_mems: _Optional[str] = ..., cpu_shares: _Optional[int] = ..., cpu_quota: _Optional[int] = ..., cpu_period: _Optional[int] = ..., memory_limit_in_bytes: _Optional[int] = ..., memory_swap_limit_in_bytes: _Optional[int] = ..., hugepage_limits: _Optional[_Mapping[str, int]] = ..., set_unified: _Optional[_Mapping[str, str]] = ..., remove_unified: _Optional[_Iterable[str]] = ..., oom_score_adj: _Optional[int] = ..., add_devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., remove_devices: _Optional[_Iterable[str]] = ..., add_mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., remove_mounts: _Optional[_Iterable[str]] = ..., set_env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., remove_env: _Optional[_Iterable[str]] = ..., add_cdi_devices: _Optional[_Iterable[str]] = ..., remove_cdi_devices: _Optional[_Iterable[str]] = ..., updates: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ...) -> None: ...
 
 class SynchronizeRequest(_message.Message):
-    __slots__ = ("pods", "containers")
+    __slots__ = ("pods", "containers", "container_states")
+    class ContainerStatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PODS_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_STATES_FIELD_NUMBER: _ClassVar[int]
     pods: _containers.RepeatedCompositeFieldContainer[Pod]
     containers: _containers.RepeatedCompositeFieldContainer[Container]
-    def __init__(self, pods: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ...) -> None: ...
+    container_states: _containers.ScalarMap[str, str]
+    def __init__(self, pods: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., container_states: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SynchronizeResponse(_message.Message):
     __slots__ = ("updates",)

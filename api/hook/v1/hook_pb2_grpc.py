@@ -129,6 +129,46 @@ class PluginStub:
                 request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
                 response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
                 _registered_method=True)
+        self.FailedRunPodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedRunPodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedCreateContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedCreateContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedStartContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedStartContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedUpdateContainerResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedUpdateContainerResources',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedStopContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedStopContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedRemoveContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedRemoveContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedStopPodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedStopPodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedRemovePodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedRemovePodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
 
 
 class PluginServicer:
@@ -250,6 +290,54 @@ class PluginServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FailedRunPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedCreateContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedStartContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedUpdateContainerResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedStopContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedRemoveContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedStopPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedRemovePodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +433,46 @@ def add_PluginServicer_to_server(servicer, server):
             ),
             'PostRemovePodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.PostRemovePodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedRunPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedRunPodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedCreateContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedCreateContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedStartContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedStartContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedUpdateContainerResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedUpdateContainerResources,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedStopContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedStopContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedRemoveContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedRemoveContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedStopPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedStopPodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedRemovePodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedRemovePodSandbox,
                     request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
                     response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
             ),
@@ -860,6 +988,222 @@ class Plugin:
             request,
             target,
             '/crihook.hook.v1.Plugin/PostRemovePodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedRunPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedRunPodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedCreateContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedCreateContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedStartContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedStartContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedUpdateContainerResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedUpdateContainerResources',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedStopContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedStopContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedRemoveContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedRemoveContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedStopPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedStopPodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedRemovePodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedRemovePodSandbox',
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
             options,

@@ -1,0 +1,57 @@
+"""The hooks shipped with crihook, by name, with their default place in the chain.
+
+`--hooks cpuset,numa,oom` (or `[hooks] order = ["cpuset", ...]`) takes each built-in name at
+its default position; `NN-name` overrides the position. Each hook lives in `hooks/<name>/`
+(installed as `crihook.hooks.<name>`) and is imported only when configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = ["BUILTIN_HOOKS", "BuiltinHook"]
+
+
+@dataclass(frozen=True)
+class BuiltinHook:
+    name: str
+    target: str
+    """`package.module:Class`, imported when the hook is configured."""
+    position: int
+    """The NN of `NN-name` when the name is given alone."""
+    summary: str
+
+
+BUILTIN_HOOKS: Mapping[str, BuiltinHook] = MappingProxyType(
+    {
+        h.name: h
+        for h in (
+            BuiltinHook(
+                "cpuset",
+                "crihook.hooks.cpuset:CpusetHook",
+                20,
+                "exclusive CPUs as kubelet's static CPU manager picks them; a shared pool",
+            ),
+            BuiltinHook(
+                "numa",
+                "crihook.hooks.numa:NumaHook",
+                30,
+                "cpuset.mems and per-NUMA memory accounting under the topology policy",
+            ),
+            BuiltinHook(
+                "oom",
+                "crihook.hooks.oom:OomHook",
+                40,
+                "kubelet's oom_score_adj, per-namespace overrides, kept on running containers",
+            ),
+            BuiltinHook(
+                "annotate",
+                "crihook.hooks.examples.annotate:AnnotateHook",
+                50,
+                "example: one configured annotation on every container",
+            ),
+        )
+    }
+)

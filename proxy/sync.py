@@ -1,0 +1,203 @@
+"""Hooks kept in step with the runtime: `synchronize` at start and after a reconcile.
+
+At start, once the store is reconciled with the runtime, every in-process hook is given its
+persisted state, the node facts and the pods and containers the runtime has (with the
+resources the runtime reports for them now), before the first call is served; plugins get
+the same snapshot in their Synchronize when they connect. After a call whose outcome is
+unknown (the runtime went away mid-call, kubelet gave up), the pod is reconciled shortly
+after, and if the runtime kept something crihook did not know of, every hook is
+synchronized again. Repairs the hooks ask for are sent as container updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+import grpc
+import grpc.aio
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.node import Host, Topology
+from crihook.hooks.spec import ContainerState, PodView, SyncContext
+from crihook.hooks.spec.views import container_state, resources_view
+from crihook.proxy.chain import Chain
+from crihook.proxy.merge import stamp
+from crihook.proxy.methods import method_path
+from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.store import Store
+from crihook.proxy.updates import ContainerUpdater
+
+__all__ = ["RuntimeView", "Synchronizer"]
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT_SECONDS = 30.0
+RECONCILE_DELAY_SECONDS = 1.0
+"""After a call with an unknown outcome: the runtime may need a moment to come back."""
+_QUERY_TIMEOUT = 10.0
+
+
+class RuntimeView:
+    """The runtime as hooks may query it on the call path (`RuntimeQueries`)."""
+
+    def __init__(self, runtime: RuntimeClient) -> None:
+        self._list = runtime.unary(method_path("RuntimeService", "ListContainers"))
+        self._status = runtime.unary(method_path("RuntimeService", "ContainerStatus"))
+
+    async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
+        return await self._states(api_pb2.ContainerFilter(pod_sandbox_id=pod_id))
+
+    async def all_container_states(self) -> dict[str, ContainerState]:
+        return await self._states(None)
+
+    async def _states(self, flt: api_pb2.ContainerFilter | None) -> dict[str, ContainerState]:
+        request = api_pb2.ListContainersRequest(filter=flt)
+        raw = await self._list(request.SerializeToString(), timeout=_QUERY_TIMEOUT)
+        listed = api_pb2.ListContainersResponse.FromString(raw).containers
+        return {c.id: container_state(c.state) for c in listed}
+
+    async def resources(self, container_id: str) -> api_pb2.LinuxContainerResources | None:
+        """What the runtime reports the container runs with now, if it says."""
+        request = api_pb2.ContainerStatusRequest(container_id=container_id)
+        raw = await self._status(request.SerializeToString(), timeout=_QUERY_TIMEOUT)
+        status = api_pb2.ContainerStatusResponse.FromString(raw).status
+        if status.HasField("resources") and status.resources.HasField("linux"):
+            return status.resources.linux
+        return None
+
+
+class Synchronizer:
+    def __init__(
+        self,
+        chain: Chain,
+        store: Store,
+        runtime: RuntimeView,
+        runtime_client: RuntimeClient,
+        updater: ContainerUpdater,
+        node: Topology,
+        host: Host,
+        topology_policy: str = "none",
+        topology_scope: str = "container",
+    ) -> None:
+        self.chain = chain
+        self.topology_policy = topology_policy
+        self.topology_scope = topology_scope
+        self.store = store
+        self.runtime = runtime
+        self._runtime_client = runtime_client
+        self.updater = updater
+        self.node = node
+        self.host = host
+        self._pending: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.failures = 0
+
+    async def refresh_resources(self) -> int:
+        """Take each known container's resources from the runtime (what it runs with now,
+        updates included). Returns how many differed from the store's record."""
+        differed = 0
+        for record in list(self.store.containers.values()):
+            try:
+                linux = await self.runtime.resources(record.view.id)
+            except grpc.aio.AioRpcError:
+                continue  # gone meanwhile: the next reconcile drops it
+            if linux is None:
+                continue
+            res = resources_view(linux, record.view.resources.qos_class)
+            if res != record.view.resources:
+                differed += 1
+                record.view = replace(record.view, resources=res)
+                self.store.put_container(record)
+        return differed
+
+    async def synchronize(self, reason: str) -> None:
+        """Every hook's synchronize; their repairs sent. A hook that fails is logged and
+        counted (it keeps serving: its failure policy applies to calls, not to this)."""
+        states = await self.runtime.all_container_states()
+        pods, containers = self.store.snapshot()
+        pending = []
+        for entry in list(self.chain.entries):
+            sync = SyncContext(
+                state=self.store.hook_state(entry.base_name),
+                node=self.node,
+                host=self.host,
+                runtime=self.runtime,
+                pods=pods,
+                containers=containers,
+                container_states=states,
+                reason=reason,
+                topology_policy=self.topology_policy,
+                topology_scope=self.topology_scope,
+            )
+            try:
+                async with asyncio.timeout(SYNC_TIMEOUT_SECONDS):
+                    updates = await entry.hook.synchronize(sync)
+            except Exception as exc:
+                self.failures += 1
+                log.error(
+                    "hook %s: synchronize (%s) failed: %s: %s",
+                    entry.name,
+                    reason,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, TimeoutError | ConnectionError),
+                )
+                continue
+            pending.extend(stamp(entry.name, updates))
+        self.store.write_behind()
+        if pending:
+            log.info("synchronize (%s): %d repair update(s)", reason, len(pending))
+            await self.updater.send(pending, {"method": f"synchronize ({reason})"})
+
+    def reconcile_soon(self, pod: PodView) -> None:
+        """After a call with an unknown outcome for `pod`: learn what the runtime kept."""
+        if pod.uid in self._pending:
+            return
+        self._pending.add(pod.uid)
+        task = asyncio.get_running_loop().create_task(
+            self._reconcile(pod), name=f"crihook-reconcile-{pod.uid[:12]}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconcile(self, pod: PodView) -> None:
+        try:
+            await asyncio.sleep(RECONCILE_DELAY_SECONDS)
+            for attempt in range(30):
+                try:
+                    pods, containers = await self.store.reconcile_pod(self._runtime_client, pod.uid)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if attempt == 0:
+                        log.warning(
+                            "reconciling pod %s/%s waits for the runtime: %s",
+                            pod.namespace,
+                            pod.name,
+                            exc.code().name,
+                        )
+                    await asyncio.sleep(1.0)
+            else:
+                log.error(
+                    "pod %s/%s: not reconciled, the runtime did not answer", pod.namespace, pod.name
+                )
+                return
+            if pods or containers:
+                log.info(
+                    "pod %s/%s: the runtime kept %d sandbox(es) and %d container(s) crihook "
+                    "did not know of; hooks synchronized",
+                    pod.namespace,
+                    pod.name,
+                    len(pods),
+                    len(containers),
+                )
+                await self.synchronize("reconcile")
+        finally:
+            self._pending.discard(pod.uid)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

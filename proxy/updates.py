@@ -1,0 +1,157 @@
+"""Updates to other containers that hooks ask for: UpdateContainerResources crihook sends.
+
+Hooks return them with an adjustment (`update_container`), from any stage, or from
+`synchronize` (repairs). They are sent after the call that produced them succeeded, together
+(at most `MAX_PARALLEL` at once: one runtime call each, milliseconds on containerd), before
+kubelet hears OK. Calls of different pods run in parallel, so two calls may update the same
+container at once; each update carries the order in which hooks produced it, and per
+container and field only the newest is applied: a shared pool computed earlier never
+overwrites one computed later.
+
+Each request carries the container's current resources with the delta on top (a runtime
+may read an absent field as "set to zero"). A failure is logged, counted and kept in the
+target's record (shown by `crihook state`); it never fails the call that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
+from crihook.hooks.spec.views import resources_view
+from crihook.proxy.merge import PendingUpdate
+from crihook.proxy.methods import method_path
+from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.store import Store
+
+__all__ = ["ContainerUpdater", "build_update_request"]
+
+log = logging.getLogger(__name__)
+
+MAX_PARALLEL = 16
+UPDATE_TIMEOUT_SECONDS = 10.0
+_UPDATE_PATH = method_path("RuntimeService", "UpdateContainerResources")
+
+
+@dataclass
+class _Target:
+    lock: asyncio.Lock
+    applied: dict[str, int]
+    """Field name → seq of the newest update applied."""
+
+
+class ContainerUpdater:
+    def __init__(self, runtime: RuntimeClient, store: Store) -> None:
+        self._update = runtime.unary(_UPDATE_PATH)
+        self._store = store
+        self._targets: dict[str, _Target] = {}
+        self._slots = asyncio.Semaphore(MAX_PARALLEL)
+        self.failures = 0
+
+    async def send(self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]) -> None:
+        """Send every update (the newest per container and field); returns when all were
+        answered. `extra`: the log fields of the call that produced them."""
+        by_target: dict[str, list[PendingUpdate]] = {}
+        for pending in updates:
+            by_target.setdefault(pending.update.container_id, []).append(pending)
+        await asyncio.gather(*(self._send_one(cid, todo, extra) for cid, todo in by_target.items()))
+
+    def forget(self, container_id: str) -> None:
+        """The container is gone: drop its ordering record."""
+        self._targets.pop(container_id, None)
+
+    async def _send_one(
+        self, container_id: str, todo: list[PendingUpdate], extra: Mapping[str, str]
+    ) -> None:
+        target = self._targets.setdefault(container_id, _Target(asyncio.Lock(), {}))
+        async with target.lock, self._slots:
+            fields: dict[str, tuple[Any, int, str]] = {}  # field → (value, seq, hook)
+            for hook, update, seq in sorted(todo, key=lambda p: p.seq):
+                for name, value in update.resources.items():
+                    if seq > target.applied.get(name, 0):
+                        fields[name] = (value, seq, hook)
+            if not fields:
+                return  # everything here was overtaken by newer updates
+            delta = ResourceDelta(**{name: value for name, (value, _, _) in fields.items()})
+            hooks = sorted({hook for _, _, hook in fields.values()})
+            record = self._store.container(container_id)
+            request = build_update_request(
+                ContainerUpdate(container_id, delta), record.view if record else None
+            )
+            try:
+                await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
+            except grpc.aio.AioRpcError as err:
+                self._failed(container_id, hooks, delta, err, extra)
+                return
+            for name, (_, seq, _) in fields.items():
+                target.applied[name] = seq
+            record = self._store.container(container_id)  # it may have changed meanwhile
+            if record is None:
+                return
+            res = resources_view(request.linux, record.view.resources.qos_class)
+            record.view = replace(record.view, resources=res)
+            now = time.time()
+            for name, (value, _, hook) in fields.items():
+                record.audit[name] = {"hook": hook, "value": value, "event": "update", "at": now}
+            self._store.put_container(record)
+
+    def _failed(
+        self,
+        container_id: str,
+        hooks: list[str],
+        delta: ResourceDelta,
+        err: grpc.aio.AioRpcError,
+        extra: Mapping[str, str],
+    ) -> None:
+        self.failures += 1
+        log.error(
+            "update of container %s for hook %s failed: %s: %s",
+            container_id[:12],
+            ", ".join(hooks),
+            err.code().name,
+            err.details(),
+            extra=dict(extra),
+        )
+        record = self._store.container(container_id)
+        if record is None:
+            return
+        record.update_errors.append(
+            {
+                "hook": ", ".join(hooks),
+                "code": err.code().name,
+                "details": err.details(),
+                "at": time.time(),
+                "resources": dict(delta.items()),
+            }
+        )
+        self._store.put_container(record)
+
+
+def build_update_request(
+    update: ContainerUpdate, current: ContainerView | None
+) -> api_pb2.UpdateContainerResourcesRequest:
+    """The full resources to send: the container's current ones with the delta on top
+    (a runtime may read an absent field as "set to zero")."""
+    linux = api_pb2.LinuxContainerResources()
+    if current is not None:
+        res = current.resources
+        linux.cpu_shares = res.cpu_shares or 0
+        linux.cpu_quota = res.cpu_quota or 0
+        linux.cpu_period = res.cpu_period or 0
+        linux.memory_limit_in_bytes = res.memory_limit_bytes or 0
+        linux.cpuset_cpus = res.cpuset_cpus
+        linux.cpuset_mems = res.cpuset_mems
+        if res.oom_score_adj is not None:
+            linux.oom_score_adj = res.oom_score_adj
+    for name, value in update.resources.items():
+        setattr(linux, name, value)
+    return api_pb2.UpdateContainerResourcesRequest(container_id=update.container_id, linux=linux)
