@@ -1,0 +1,299 @@
+"""The built-in `cpuset` hook: exclusive CPUs as kubelet's static CPU manager picks them, and a
+shared pool for every other container, kept consistent as containers come and go.
+
+    CreateContainer  hints: the NUMA nodes that could hold its exclusive CPUs
+                     pre: exclusive CPUs reserved (on disk before the runtime acts), or the
+                          shared pool; shared containers moved off the new CPUs
+                     post: the reservation confirmed under the container's id
+                     failed: the reservation released
+    UpdateContainerResources  pre: the cpuset crihook set is kept (kubelet re-sends resources)
+    StopContainer / RemoveContainer  post: the CPUs given back, the shared pool grows
+    RunPodSandbox    (`pod` topology scope) the pod's bubble, reserved like a container's CPUs
+    RemovePodSandbox post: everything of the pod given back
+
+It places every container, exempt pods' included (it does not honour the exemption): an
+exempt container must not run on another pod's exclusive CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crihook.hooks.cpuset.hints import cpu_hints
+from crihook.hooks.cpuset.options import CpusetOptions, parse_options, reserved_cpus
+from crihook.hooks.cpuset.picker import CPUAllocationError, take_cpus
+from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
+from crihook.hooks.cpuset.reconcile import desired_cpus, reconcile
+from crihook.hooks.cpuset.rules import bubble_cpus, exclusive_cpus, slice_cpus
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerState,
+    ContainerUpdate,
+    ContainerView,
+    Hook,
+    HookContext,
+    PodView,
+    Reject,
+    ResourceDelta,
+    ResourceHints,
+    RuntimeQueries,
+    SyncContext,
+    TopologyHint,
+)
+
+__all__ = ["CpusetHook"]
+
+log = logging.getLogger(__name__)
+
+
+class CpusetHook(Hook):
+    honours_exemption = False
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.config: CpusetOptions = parse_options(self.options)
+        self._pool: CpuPool | None = None
+        self._runtime: RuntimeQueries | None = None
+        self._scope = "container"
+        self._finished: dict[str, Mapping[str, bool]] = {}
+        """Pod id → which of its containers have exited, asked once per CreateContainer."""
+
+    # --- start-up ----------------------------------------------------------------------------
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        if self._pool is None:
+            self._pool = _new_pool(sync.node, self.config, sync)
+        self._runtime = sync.runtime
+        self._scope = sync.topology_scope
+        updates = reconcile(self._pool, sync.pods, sync.containers, sync.container_states)
+        pool = self._pool
+        log.info(
+            "cpuset: %d container(s), %d exclusive; shared pool %s, reserved %s",
+            len(pool.containers),
+            sum(1 for h in pool.containers.values() if h.cpus),
+            format_cpu_list(pool.shared_pool()),
+            format_cpu_list(pool.reserved) or "none",
+        )
+        return updates
+
+    @property
+    def pool(self) -> CpuPool:
+        if self._pool is None:
+            raise RuntimeError("cpuset: called before synchronize (crihook starts hooks so)")
+        return self._pool
+
+    # --- RunPodSandbox: the pod's bubble (pod scope) -----------------------------------------
+    async def hints_run_pod_sandbox(self, ctx: HookContext) -> ResourceHints | None:
+        count = bubble_cpus(ctx.pod, self._scope)
+        if count is None:
+            return None
+        return {"cpu": cpu_hints(self.pool.topology, self.pool.free(), frozenset(), count)}
+
+    async def pre_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        count = bubble_cpus(ctx.pod, self._scope)
+        if count is None:
+            return None
+        pool = self.pool
+        cpus = self._take(pool.free(), count, ctx.affinity, f"pod {_pod(ctx.pod)}'s bubble")
+        pool.reserve_bubble(ctx.pod.uid, cpus)
+        return None  # the sandbox itself runs as the runtime places it; the bubble is ours
+
+    async def post_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        if bubble_cpus(ctx.pod, self._scope) is None:
+            return None
+        assert ctx.response is not None
+        self.pool.confirm_bubble(ctx.pod.uid, ctx.response.pod_sandbox_id)  # type: ignore[attr-defined]
+        return self._shared_updates(None)
+
+    async def failed_run_pod_sandbox(self, ctx: HookContext) -> None:
+        self.pool.drop_bubble(f"uid:{ctx.pod.uid}")
+
+    # --- CreateContainer ---------------------------------------------------------------------
+    async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
+        container = _container(ctx)
+        count = exclusive_cpus(container)
+        if count is None or self.pool.bubble_of(ctx.pod.id) is not None:
+            return None
+        self._finished.pop(ctx.pod.id, None)  # asked anew for every call
+        reusable = self.pool.reusable(ctx.pod.id, container.name, await self._exits(ctx))
+        return {"cpu": cpu_hints(self.pool.topology, self.pool.free(), reusable, count)}
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        pool = self.pool
+        bubble = pool.bubble_of(ctx.pod.id)
+        count = slice_cpus(container) if bubble else exclusive_cpus(container)
+        if count is None:
+            cpus = pool.bubble_shared_pool(ctx.pod.id) if bubble else pool.shared_pool()
+            if not cpus:
+                raise Reject(
+                    f"pod {_pod(ctx.pod)}'s shared pool is empty: its exclusive containers "
+                    f"hold the whole budget, so container {container.name!r} has no CPU to run on"
+                )
+            return Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        finished = await self._exits(ctx)
+        # From here on nothing awaits: the pick and the reservation see one state of the pool.
+        self._finished.pop(ctx.pod.id, None)
+        reusable = pool.reusable(ctx.pod.id, container.name, finished)
+        if bubble is not None:
+            available = pool.bubble_shared_pool(ctx.pod.id) | (reusable & bubble.cpus)
+            if pool.shared_members(ctx.pod.id) and count >= len(available):
+                raise Reject(
+                    f"container {container.name!r} asks for {count} exclusive CPUs of pod "
+                    f"{_pod(ctx.pod)}'s {len(available)} shared ones, which its other "
+                    "containers run on: the pod's shared pool would be empty"
+                )
+        else:
+            available = pool.free() | reusable
+        what = f"container {container.name!r} of pod {_pod(ctx.pod)}"
+        cpus = self._take(available, count, ctx.affinity, what)
+        key = reservation_key(ctx.pod.id, container.name, container.attempt)
+        holder = Holder(
+            ctx.pod.id,
+            container.name,
+            container.attempt,
+            container.kind.value,
+            cpus,
+            in_bubble=bubble is not None,
+        )
+        pool.reserve(key, holder)
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        if self.config.disable_cfs_quota:
+            adjustment.set_cpu_quota(-1)  # kubelet's DisableCPUQuotaWithExclusiveCPUs
+        self._shared_updates(ctx.pod.id if bubble else None, adjustment)
+        return adjustment
+
+    async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        assert ctx.response is not None
+        cid: str = ctx.response.container_id  # type: ignore[attr-defined]
+        pool = self.pool
+        key = reservation_key(ctx.pod.id, container.name, container.attempt)
+        if pool.confirm(key, cid) is not None:
+            return None
+        # A shared container: recorded now (nothing was reserved for it). If the pool changed
+        # since its pre stage, it follows.
+        bubble = pool.bubble_of(ctx.pod.id) is not None
+        holder = Holder(
+            ctx.pod.id, container.name, container.attempt, container.kind.value, in_bubble=bubble
+        )
+        pool.record(cid, holder)
+        sent = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        want = desired_cpus(pool, cid)
+        if want is not None and parse_cpu_list(sent) != want:
+            delta = ResourceDelta(cpuset_cpus=format_cpu_list(want))
+            return Adjustment().update_container(cid, delta)
+        return None
+
+    async def failed_create_container(self, ctx: HookContext) -> None:
+        container = _container(ctx)
+        self._finished.pop(ctx.pod.id, None)
+        self.pool.release(reservation_key(ctx.pod.id, container.name, container.attempt))
+
+    # --- UpdateContainerResources: what crihook set stays -------------------------------------
+    async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        holder = self.pool.containers.get(container.id)
+        want = desired_cpus(self.pool, container.id)
+        if holder is None or want is None:
+            return None
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want))
+        if holder.cpus and self.config.disable_cfs_quota:
+            adjustment.set_cpu_quota(-1)
+        return adjustment
+
+    # --- giving CPUs back --------------------------------------------------------------------
+    async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:
+        cid = _container(ctx).id
+        holder = self.pool.containers.get(cid)
+        if holder is None:
+            return None
+        return self._gave_back(holder, self.pool.stop(cid))
+
+    async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
+        cid = _container(ctx).id
+        holder = self.pool.containers.get(cid)
+        if holder is None:
+            return None
+        return self._gave_back(holder, self.pool.release(cid))
+
+    async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        pool = self.pool
+        freed: set[int] = set()
+        for key, _ in list(pool.pod_holders(ctx.pod.id)):
+            freed |= pool.release(key)
+        freed |= pool.drop_bubble(ctx.pod.id)
+        return self._shared_updates(None) if freed else None
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _gave_back(self, holder: Holder, freed: frozenset[int]) -> Adjustment | None:
+        """Updates for the shared pool that grew when `holder` gave its CPUs back."""
+        if holder.in_bubble:  # its slice returns to its pod's shared pool
+            return self._shared_updates(holder.pod) if holder.cpus else None
+        return self._shared_updates(None) if freed else None
+
+    def _take(
+        self, available: frozenset[int], count: int, affinity: TopologyHint | None, what: str
+    ) -> frozenset[int]:
+        try:
+            return take_cpus(
+                self.pool.topology,
+                available,
+                count,
+                spread_numa=self.config.distribute_cpus_across_numa,
+                full_cores=self.config.full_pcpus_only,
+                numa_affinity=affinity.numa if affinity is not None else None,
+            )
+        except CPUAllocationError as exc:
+            raise Reject(f"{what}: {count} exclusive CPUs: {exc}") from None
+
+    async def _exits(self, ctx: HookContext) -> Mapping[str, bool]:
+        """Which earlier containers of the pod have exited, when it matters: their CPUs are
+        reusable if CRI does not say what they are (no init-containers annotation). Asked
+        once per call: the hints stage asks, the pre stage takes the answer."""
+        pod_id = ctx.pod.id
+        cached = self._finished.get(pod_id)
+        if cached is not None:
+            return cached
+        unknown = any(h.cpus and h.kind == "unknown" for _, h in self.pool.pod_holders(pod_id))
+        finished: Mapping[str, bool] = {}
+        if unknown and self._runtime is not None:
+            states = await self._runtime.container_states(pod_id)
+            finished = {cid: s is ContainerState.EXITED for cid, s in states.items()}
+        self._finished[pod_id] = finished
+        return finished
+
+    def _shared_updates(
+        self, pod: str | None, adjustment: Adjustment | None = None
+    ) -> Adjustment | None:
+        """Move the containers of a shared pool (the node's, or a bubble's) onto it as it is
+        now. Added to `adjustment`, or a new one; None when nobody runs on it."""
+        pool = self.pool
+        members = pool.shared_members(pod)
+        if not members:
+            return adjustment
+        cpus = pool.bubble_shared_pool(pod) if pod is not None else pool.shared_pool()
+        delta = ResourceDelta(cpuset_cpus=format_cpu_list(cpus))
+        out = adjustment if adjustment is not None else Adjustment()
+        for cid in members:
+            out.update_container(cid, delta)
+        return out
+
+
+def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPool:
+    pool = CpuPool(node, reserved_cpus(node, config.reserved), sync.state)
+    dropped = pool.load()
+    if dropped:
+        log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))
+    return pool
+
+
+def _container(ctx: HookContext) -> ContainerView:
+    assert ctx.container is not None, "container stages always carry the container"
+    return ctx.container
+
+
+def _pod(pod: PodView) -> str:
+    return f"{pod.namespace}/{pod.name}" if pod.name else pod.id[:12]

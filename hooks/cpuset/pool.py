@@ -1,0 +1,311 @@
+"""Who holds which CPUs: the cpuset hook's bookkeeping, pure and persisted key by key.
+
+The node's CPUs are split as kubelet's static CPU manager splits them:
+- exclusive CPUs, held by containers of Guaranteed pods with whole-CPU requests (or by a pod
+  bubble: pod-level resources under the `pod` topology scope, from which the pod's own
+  exclusive containers take slices);
+- the shared pool: the online CPUs nobody holds, reserved CPUs included (kubelet's "default
+  cpuset"). Reserved CPUs are never handed out exclusively.
+
+Holders are keyed by container id once the runtime created the container, and by a
+reservation key (`<pod id>/<name>/<attempt>`) between the pre stage and the runtime's answer.
+CPUs of a pod's finished init containers, and of an earlier attempt of the same container,
+are reusable by its later containers; a holder gives back only the CPUs no other container
+of its pod holds (kubelet's rule for init-container reuse).
+
+Every change is mirrored into the hook's persisted state (`c:<container id>`,
+`r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.spec import HookState
+
+__all__ = ["Bubble", "CpuPool", "Holder", "reservation_key"]
+
+_CONTAINER, _PENDING, _BUBBLE = "c:", "r:", "b:"
+
+
+def reservation_key(pod_id: str, name: str, attempt: int) -> str:
+    """Which container a reservation is for, before the runtime gave it an id (also what a
+    restart matches against the runtime's containers)."""
+    return f"{pod_id}/{name}/{attempt}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What one container (or a container being created) holds."""
+
+    pod: str
+    """Sandbox id."""
+    name: str
+    attempt: int = 0
+    kind: str = "unknown"
+    """ContainerKind value: init containers' CPUs are reusable by later containers."""
+    cpus: frozenset[int] = frozenset()
+    """Exclusive CPUs; empty: the container runs on a shared pool."""
+    in_bubble: bool = False
+    """Its CPUs (or shared pool) come from its pod's bubble, not from the node."""
+    stopped: bool = False
+    """Stopped by kubelet: it holds nothing any more and gets no pool updates."""
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"pod": self.pod, "name": self.name, "attempt": self.attempt}
+        doc["kind"] = self.kind
+        doc["cpus"] = format_cpu_list(self.cpus)
+        if self.in_bubble:
+            doc["in_bubble"] = True
+        if self.stopped:
+            doc["stopped"] = True
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Holder:
+        return cls(
+            pod=str(doc["pod"]),
+            name=str(doc["name"]),
+            attempt=int(doc.get("attempt", 0)),
+            kind=str(doc.get("kind", "unknown")),
+            cpus=parse_cpu_list(str(doc.get("cpus", ""))),
+            in_bubble=bool(doc.get("in_bubble", False)),
+            stopped=bool(doc.get("stopped", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """A pod's own CPUs (pod-level resources, `pod` topology scope)."""
+
+    uid: str
+    cpus: frozenset[int]
+    pending: bool = False
+    """Reserved at RunPodSandbox, the runtime has not answered yet (keyed by pod uid)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"uid": self.uid, "cpus": format_cpu_list(self.cpus)}
+        if self.pending:
+            doc["pending"] = True
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Bubble:
+        return cls(
+            uid=str(doc["uid"]),
+            cpus=parse_cpu_list(str(doc.get("cpus", ""))),
+            pending=bool(doc.get("pending", False)),
+        )
+
+
+@dataclass
+class CpuPool:
+    """The node's CPUs and who holds them. Methods change the pool and the state together."""
+
+    topology: Topology
+    reserved: frozenset[int]
+    state: HookState
+    containers: dict[str, Holder] = field(default_factory=dict)
+    pending: dict[str, Holder] = field(default_factory=dict)
+    bubbles: dict[str, Bubble] = field(default_factory=dict)
+    """By pod id; a pending bubble by `uid:<pod uid>`."""
+    _refs: Counter[int] = field(default_factory=Counter)
+    """How many node-level holders (containers, reservations, bubbles) hold each CPU."""
+
+    # --- reading -----------------------------------------------------------------------------
+    def held(self) -> frozenset[int]:
+        return frozenset(self._refs)
+
+    def shared_pool(self) -> frozenset[int]:
+        """The node's shared pool: online CPUs nobody holds (reserved ones included)."""
+        return self.topology.online - self.held()
+
+    def free(self) -> frozenset[int]:
+        """What may be handed out exclusively: the shared pool without the reserved CPUs."""
+        return self.shared_pool() - self.reserved
+
+    def bubble_of(self, pod: str) -> Bubble | None:
+        return self.bubbles.get(pod)
+
+    def bubble_shared_pool(self, pod: str) -> frozenset[int]:
+        """A bubble's CPUs that none of its pod's exclusive containers holds."""
+        bubble = self.bubbles.get(pod)
+        if bubble is None:
+            return frozenset()
+        sliced = {c for h in self._holders() if h.pod == pod and h.in_bubble for c in h.cpus}
+        return bubble.cpus - sliced
+
+    def holder_of(self, key: str) -> Holder | None:
+        return self.containers.get(key) or self.pending.get(key)
+
+    def pod_holders(self, pod: str) -> Iterator[tuple[str, Holder]]:
+        for key, holder in self._items():
+            if holder.pod == pod:
+                yield key, holder
+
+    def shared_members(self, pod: str | None = None) -> list[str]:
+        """Container ids running on a shared pool: the node's (pod None) or a bubble's."""
+        return [
+            cid
+            for cid, h in self.containers.items()
+            if not h.cpus
+            and not h.stopped
+            and (h.in_bubble and h.pod == pod if pod is not None else not h.in_bubble)
+        ]
+
+    def reusable(self, pod: str, name: str, states: Mapping[str, bool]) -> frozenset[int]:
+        """CPUs of `pod` a new container may take besides the free ones: those of earlier
+        attempts of the same container, and of finished init containers, minus what the
+        pod's other (app) containers hold. `states`: container id → finished (exited)."""
+        reuse: set[int] = set()
+        keep: set[int] = set()
+        for key, h in self.pod_holders(pod):
+            if not h.cpus or h.stopped:
+                continue
+            finished = states.get(key, False)
+            if (
+                h.name == name
+                or (h.kind == "init" and key in self.containers)
+                or (h.kind == "unknown" and finished)
+            ):
+                reuse |= h.cpus
+            else:
+                keep |= h.cpus
+        return frozenset(reuse - keep)
+
+    # --- changing ----------------------------------------------------------------------------
+    def reserve(self, key: str, holder: Holder) -> None:
+        """Hold CPUs for a container being created."""
+        self._drop(key)
+        self.pending[key] = holder
+        self._hold(holder)
+        self.state.set(_PENDING + key, holder.to_dict())
+
+    def confirm(self, key: str, container_id: str) -> Holder | None:
+        """The runtime created the container: its reservation becomes its holder."""
+        holder = self.pending.pop(key, None)
+        if holder is None:
+            return None
+        self.state.delete(_PENDING + key)
+        self.containers[container_id] = holder
+        self.state.set(_CONTAINER + container_id, holder.to_dict())
+        return holder
+
+    def record(self, container_id: str, holder: Holder) -> None:
+        """Set a container's holder directly (adopted at synchronize)."""
+        self._drop(container_id)
+        self.containers[container_id] = holder
+        self._hold(holder)
+        self.state.set(_CONTAINER + container_id, holder.to_dict())
+
+    def release(self, key: str) -> frozenset[int]:
+        """Forget a container or a reservation. Returns the CPUs it gave back to the node
+        (none that another container of its pod still holds)."""
+        holder = self.holder_of(key)
+        if holder is None:
+            return frozenset()
+        before = self.held()
+        self._drop(key)
+        return before - self.held()
+
+    def stop(self, container_id: str) -> frozenset[int]:
+        """kubelet stopped the container: it gives its CPUs back, stays known (no updates)."""
+        holder = self.containers.get(container_id)
+        if holder is None or holder.stopped:
+            return frozenset()
+        before = self.held()
+        self._unhold(holder)
+        stopped = replace(holder, cpus=frozenset(), stopped=True)
+        self.containers[container_id] = stopped
+        self.state.set(_CONTAINER + container_id, stopped.to_dict())
+        return before - self.held()
+
+    def reserve_bubble(self, uid: str, cpus: frozenset[int]) -> None:
+        key = f"uid:{uid}"
+        self.drop_bubble(key)
+        bubble = Bubble(uid, cpus, pending=True)
+        self.bubbles[key] = bubble
+        self._refs.update(cpus)
+        self.state.set(_BUBBLE + key, bubble.to_dict())
+
+    def confirm_bubble(self, uid: str, pod: str) -> None:
+        bubble = self.bubbles.pop(f"uid:{uid}", None)
+        if bubble is None:
+            return
+        self.state.delete(_BUBBLE + f"uid:{uid}")
+        bubble = replace(bubble, pending=False)
+        self.bubbles[pod] = bubble
+        self.state.set(_BUBBLE + pod, bubble.to_dict())
+
+    def drop_bubble(self, key: str) -> frozenset[int]:
+        bubble = self.bubbles.pop(key, None)
+        if bubble is None:
+            return frozenset()
+        before = self.held()
+        self._refs.subtract(bubble.cpus)
+        self._refs = +self._refs  # drop zero counts
+        self.state.delete(_BUBBLE + key)
+        return before - self.held()
+
+    # --- persistence -------------------------------------------------------------------------
+    def load(self) -> list[str]:
+        """Rebuild from the persisted state. Returns the keys it could not read (dropped)."""
+        self.containers.clear()
+        self.pending.clear()
+        self.bubbles.clear()
+        self._refs.clear()
+        bad = []
+        for key, doc in self.state.items():
+            try:
+                if key.startswith(_CONTAINER):
+                    holder = Holder.from_dict(doc)
+                    self.containers[key[len(_CONTAINER) :]] = holder
+                    self._hold(holder)
+                elif key.startswith(_PENDING):
+                    holder = Holder.from_dict(doc)
+                    self.pending[key[len(_PENDING) :]] = holder
+                    self._hold(holder)
+                elif key.startswith(_BUBBLE):
+                    bubble = Bubble.from_dict(doc)
+                    self.bubbles[key[len(_BUBBLE) :]] = bubble
+                    self._refs.update(bubble.cpus)
+                else:
+                    raise KeyError(key)
+            except (KeyError, TypeError, ValueError):
+                bad.append(key)
+        for key in bad:
+            self.state.delete(key)
+        return bad
+
+    # --- internals ---------------------------------------------------------------------------
+    def _items(self) -> Iterable[tuple[str, Holder]]:
+        yield from self.containers.items()
+        yield from self.pending.items()
+
+    def _holders(self) -> Iterable[Holder]:
+        for _, holder in self._items():
+            yield holder
+
+    def _hold(self, holder: Holder) -> None:
+        if not holder.in_bubble:
+            self._refs.update(holder.cpus)
+
+    def _unhold(self, holder: Holder) -> None:
+        if not holder.in_bubble and holder.cpus:
+            self._refs.subtract(holder.cpus)
+            self._refs = +self._refs
+
+    def _drop(self, key: str) -> None:
+        holder = self.containers.pop(key, None)
+        if holder is not None:
+            self.state.delete(_CONTAINER + key)
+        else:
+            holder = self.pending.pop(key, None)
+            if holder is not None:
+                self.state.delete(_PENDING + key)
+        if holder is not None:
+            self._unhold(holder)

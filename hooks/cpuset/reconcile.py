@@ -1,0 +1,151 @@
+"""The pool checked against what the runtime has: at start, and after a reconcile.
+
+- holders of containers the runtime no longer has are dropped, and their CPUs freed;
+- a reservation whose container the runtime did create (crihook stopped between the runtime's
+  answer and the confirmation) becomes that container's holder; any other is dropped;
+- bubbles of pods that are gone are dropped, pending ones confirmed or dropped likewise;
+- containers the pool does not know are adopted: one of a Guaranteed pod that runs on
+  exactly its whole-CPU request of free CPUs keeps them (what kubelet's static manager gave it
+  before crihook was put in front); any other joins the shared pool;
+- two pods never hold the same CPU: if the state says so (it was edited, or is corrupt), the
+  pod seen later loses them and runs on the shared pool, logged;
+- every created or running container whose cpuset differs from what the pool says gets an
+  update (a repair, logged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
+from crihook.hooks.cpuset.rules import exclusive_cpus
+from crihook.hooks.node import format_cpu_list, parse_cpu_list
+from crihook.hooks.spec import (
+    ContainerState,
+    ContainerUpdate,
+    ContainerView,
+    PodView,
+    ResourceDelta,
+)
+
+__all__ = ["desired_cpus", "reconcile"]
+
+log = logging.getLogger(__name__)
+
+_LIVE = (ContainerState.CREATED, ContainerState.RUNNING)
+
+
+def reconcile(
+    pool: CpuPool,
+    pods: Sequence[PodView],
+    containers: Sequence[ContainerView],
+    states: Mapping[str, ContainerState],
+) -> list[ContainerUpdate]:
+    """Bring the pool in line with the runtime; the repairs to send."""
+    live = {c.id: c for c in containers}
+    pods_by_id = {p.id: p for p in pods}
+    for cid in [cid for cid in pool.containers if cid not in live]:
+        pool.release(cid)
+    by_key = {reservation_key(c.pod_id, c.name, c.attempt): c.id for c in containers}
+    for key in list(pool.pending):
+        created = by_key.get(key)
+        if created is not None and created not in pool.containers:
+            pool.confirm(key, created)
+            log.info("cpuset: reservation %s was created as container %s", key, created[:12])
+        else:
+            pool.release(key)
+    _reconcile_bubbles(pool, pods)
+    for container in containers:
+        if container.id not in pool.containers:
+            _adopt(pool, container, states.get(container.id, ContainerState.UNKNOWN))
+    _split_overlaps(pool)
+    updates = []
+    for container in containers:
+        if states.get(container.id) not in _LIVE or container.pod_id not in pods_by_id:
+            continue
+        want = desired_cpus(pool, container.id)
+        if want is None:
+            continue
+        have = parse_cpu_list(container.resources.cpuset_cpus) or pool.topology.online
+        if have != want:
+            log.warning(
+                "cpuset: container %s runs on cpus %s, should run on %s; repairing",
+                container.id[:12],
+                format_cpu_list(have),
+                format_cpu_list(want),
+            )
+            updates.append(
+                ContainerUpdate(container.id, ResourceDelta(cpuset_cpus=format_cpu_list(want)))
+            )
+    return updates
+
+
+def desired_cpus(pool: CpuPool, container_id: str) -> frozenset[int] | None:
+    """The CPUs a known, not stopped container should run on."""
+    holder = pool.containers.get(container_id)
+    if holder is None or holder.stopped:
+        return None
+    if holder.cpus:
+        return holder.cpus
+    if holder.in_bubble:
+        return pool.bubble_shared_pool(holder.pod)
+    return pool.shared_pool()
+
+
+def _reconcile_bubbles(pool: CpuPool, pods: Sequence[PodView]) -> None:
+    by_uid = {p.uid: p.id for p in pods}
+    ids = set(by_uid.values())
+    for key, bubble in list(pool.bubbles.items()):
+        if bubble.pending:
+            pod_id = by_uid.get(bubble.uid)
+            if pod_id is not None and pod_id not in pool.bubbles:
+                pool.confirm_bubble(bubble.uid, pod_id)
+            else:
+                pool.drop_bubble(key)
+        elif key not in ids:
+            pool.drop_bubble(key)
+
+
+def _adopt(pool: CpuPool, container: ContainerView, state: ContainerState) -> None:
+    stopped = state not in _LIVE
+    holder = Holder(
+        pod=container.pod_id,
+        name=container.name,
+        attempt=container.attempt,
+        kind=container.kind.value,
+        in_bubble=container.pod_id in pool.bubbles,
+        stopped=stopped,
+    )
+    want = exclusive_cpus(container)
+    have = parse_cpu_list(container.resources.cpuset_cpus)
+    if not stopped and not holder.in_bubble and want and len(have) == want and have <= pool.free():
+        holder = replace(holder, cpus=have)
+        log.info(
+            "cpuset: adopted container %s with its exclusive cpus %s",
+            container.id[:12],
+            format_cpu_list(have),
+        )
+    pool.record(container.id, holder)
+
+
+def _split_overlaps(pool: CpuPool) -> None:
+    owner: dict[int, str] = {c: key for key, b in pool.bubbles.items() for c in b.cpus}
+    for cid in sorted(pool.containers):
+        holder = pool.containers[cid]
+        if not holder.cpus or holder.in_bubble:
+            continue
+        clash = {c for c in holder.cpus if owner.get(c, holder.pod) != holder.pod}
+        if clash:
+            log.error(
+                "cpuset: container %s of pod %s holds cpus %s that another pod holds; "
+                "it moves to the shared pool",
+                cid[:12],
+                holder.pod[:12],
+                format_cpu_list(clash),
+            )
+            pool.record(cid, replace(holder, cpus=frozenset()))
+            continue
+        for cpu in holder.cpus:
+            owner[cpu] = holder.pod

@@ -1,0 +1,372 @@
+"""The built-in `numa` hook: cpuset.mems, and the memory of Guaranteed containers accounted per
+NUMA node as kubelet's memory manager (Static policy) does it.
+
+    [hooks.numa]
+    reserved_memory = { "0" = "1Gi" }   # kubelet's --reserved-memory: node = amount
+                                        # (default: 100Mi on the first node, kubelet's default
+                                        # hard eviction threshold)
+
+- A container of a Guaranteed pod with a memory limit gets memory (and hugepages, from its
+  hugepage limits) on NUMA nodes: the nodes the topology policy chose for the container
+  (`ctx.affinity`); with no policy, the nodes of its exclusive CPUs (what the `cpuset` hook
+  earlier in the chain set). When those nodes cannot hold it, the allocation widens as
+  kubelet's does, unless the policy insists on a preferred placement: then CreateContainer is
+  refused, naming what did not fit. Its cpuset.mems are the nodes of its memory.
+- Every other container gets all memory nodes.
+- Allocations are reserved in the pre stage (on disk before the runtime acts), confirmed
+  under the container's id, released when the call fails, when kubelet stops or removes the
+  container, and when its pod is removed. The cpuset.mems crihook set is kept on kubelet's
+  UpdateContainerResources.
+- Like the cpuset hook it places exempt pods' containers too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.numa.memory import (
+    MEMORY,
+    Allocation,
+    ContainerRef,
+    InitContainer,
+    MemoryAllocationError,
+    MemoryState,
+    allocate,
+    hugepage_resource,
+    memory_hints,
+    release,
+)
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerState,
+    ContainerUpdate,
+    ContainerView,
+    Hook,
+    HookContext,
+    HookState,
+    PodView,
+    QoSClass,
+    Reject,
+    ResourceDelta,
+    ResourceHints,
+    SyncContext,
+    TopologyHint,
+)
+from crihook.hooks.spec.views import INIT_CONTAINERS_ANNOTATION, SIDECAR_CONTAINERS_ANNOTATION
+
+__all__ = ["NumaHook", "container_requests", "parse_quantity", "parse_reserved_memory"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESERVED = "100Mi"
+_KEYS = {"reserved_memory"}
+_STATE, _OWNERS, _PENDING = "memory", "owners", "pending"
+_QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+# kubelet names CRI hugepage sizes "2MB", "1GB", "64KB" (binary multiples).
+_PAGE = re.compile(r"([0-9]+)(KB|MB|GB)")
+_PAGE_KIB = {"KB": 1, "MB": 1 << 10, "GB": 1 << 20}
+_LIVE = (ContainerState.CREATED, ContainerState.RUNNING)
+
+
+def parse_quantity(text: object) -> int:
+    """A Kubernetes memory quantity in bytes: 1073741824, "1Gi", "512Mi", "1G"."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = _QUANTITY.fullmatch(str(text)) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{text!r} is not a memory quantity like 1Gi or 512Mi")
+    unit = m[2] or ""
+    return int(m[1]) * (_BINARY.get(unit) or _DECIMAL.get(unit) or 1)
+
+
+def parse_reserved_memory(table: object, topology: Topology) -> dict[int, dict[str, int]]:
+    """`{"0" = "1Gi"}` (node → memory) or `{"0" = {memory = "1Gi", "hugepages-2Mi" = ...}}`."""
+    if table is None:
+        first = topology.numa_nodes[0] if topology.numa_nodes else 0
+        return {first: {MEMORY: parse_quantity(DEFAULT_RESERVED)}}
+    if not isinstance(table, Mapping):
+        raise ValueError("numa: reserved_memory must be a table of NUMA node = amount")
+    out: dict[int, dict[str, int]] = {}
+    for key, value in table.items():
+        if not str(key).isdigit():
+            raise ValueError(f"numa: reserved_memory: {key!r} is not a NUMA node number")
+        node = int(key)
+        try:
+            if isinstance(value, Mapping):
+                out[node] = {str(r): parse_quantity(v) for r, v in value.items()}
+            else:
+                out[node] = {MEMORY: parse_quantity(value)}
+        except ValueError as exc:
+            raise ValueError(f"numa: reserved_memory {key}: {exc}") from None
+    return out
+
+
+def container_requests(container: ContainerView) -> dict[str, int] | None:
+    """What kubelet's memory manager would account for a container: its memory (the limit,
+    which equals the request in a Guaranteed pod) and hugepages; None when it accounts
+    nothing (not a Guaranteed pod, no memory limit)."""
+    res = container.resources
+    if res.qos_class is not QoSClass.GUARANTEED or not res.memory_limit_bytes:
+        return None
+    requests = {MEMORY: res.memory_limit_bytes}
+    for size, limit in res.hugepage_limits.items():
+        m = _PAGE.fullmatch(size)
+        if m is not None and limit > 0:
+            requests[hugepage_resource(int(m[1]) * _PAGE_KIB[m[2]])] = limit
+    return requests
+
+
+class NumaHook(Hook):
+    honours_exemption = False
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        unknown = sorted(set(self.options) - _KEYS)
+        if unknown:
+            raise ValueError(f"numa: unknown option(s) {', '.join(unknown)}")
+        self._node: Topology | None = None
+        self._reserved: dict[int, dict[str, int]] = {}
+        self._memory: MemoryState | None = None
+        self._state: HookState | None = None
+        self._owners: dict[str, list[str]] = {}
+        """Container id → [pod id, name]: the attempt that holds its name's memory."""
+        self._pending: dict[str, dict[str, Any]] = {}
+        """Reservation key → {"ref": [pod id, name], "new": bool} until the runtime answers."""
+
+    # --- start-up ----------------------------------------------------------------------------
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        if self._node is None:
+            self._node = sync.node
+            self._reserved = parse_reserved_memory(self.options.get("reserved_memory"), sync.node)
+            self._state = sync.state
+            self._load(sync.state)
+        return self._reconcile(sync)
+
+    def _load(self, state: HookState) -> None:
+        node = self._topology
+        if not node.memory:
+            log.warning("numa: sysfs shows no per-node memory; memory is not accounted")
+            return
+        saved = state.get(_STATE)
+        try:
+            self._memory = (
+                MemoryState.from_dict(node, self._reserved, saved)
+                if saved
+                else MemoryState.build(node, self._reserved)
+            )
+        except ValueError as exc:
+            log.error("numa: the saved memory state is unusable (%s); rebuilt empty", exc)
+            self._memory = MemoryState.build(node, self._reserved)
+        self._owners = dict(state.get(_OWNERS, {}))
+        self._pending = dict(state.get(_PENDING, {}))
+
+    def _reconcile(self, sync: SyncContext) -> list[ContainerUpdate]:
+        live = {c.id: c for c in sync.containers}
+        memory = self._memory
+        if memory is not None:
+            by_key = {_key(c.pod_id, c.name, c.attempt): c.id for c in sync.containers}
+            for key, pending in list(self._pending.items()):
+                created = by_key.get(key)
+                if created is not None:
+                    self._owners[created] = pending["ref"]
+                elif pending.get("new"):
+                    release(memory, ContainerRef(*pending["ref"]))
+                del self._pending[key]
+            held = {tuple(ref) for cid, ref in self._owners.items() if cid in live}
+            self._owners = {cid: ref for cid, ref in self._owners.items() if cid in live}
+            for pod, names in list(memory.assignments.items()):
+                for name in list(names):
+                    if (pod, name) not in held:
+                        release(memory, ContainerRef(pod, name))
+            for container in sync.containers:
+                if container.id not in self._owners:
+                    self._adopt(container, sync.container_states.get(container.id))
+            self._save()
+        updates = []
+        for cid, container in live.items():
+            if sync.container_states.get(cid) not in _LIVE:
+                continue
+            want = self._mems_of(cid)
+            have = parse_cpu_list(container.resources.cpuset_mems) or frozenset(self._all_nodes)
+            if want is not None and have != want:
+                log.warning(
+                    "numa: container %s has memory nodes %s, should have %s; repairing",
+                    cid[:12],
+                    format_cpu_list(have),
+                    format_cpu_list(want),
+                )
+                updates.append(
+                    ContainerUpdate(cid, ResourceDelta(cpuset_mems=format_cpu_list(want)))
+                )
+        return updates
+
+    def _adopt(self, container: ContainerView, state: ContainerState | None) -> None:
+        """A Guaranteed container the state does not know (crihook was put in front of a
+        running node): its memory accounted on the nodes it runs on, if they hold it."""
+        requests = container_requests(container)
+        if requests is None or state not in _LIVE or self._memory is None:
+            return
+        nodes = parse_cpu_list(container.resources.cpuset_mems) or frozenset(self._all_nodes)
+        ref = ContainerRef(container.pod_id, container.name)
+        try:
+            allocate(self._memory, ref, requests, TopologyHint(nodes, False))
+        except MemoryAllocationError as exc:
+            log.error("numa: container %s not accounted: %s", container.id[:12], exc)
+            return
+        self._owners[container.id] = [ref.pod, ref.name]
+
+    # --- CreateContainer ---------------------------------------------------------------------
+    async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
+        requests = container_requests(_container(ctx))
+        if requests is None or self._memory is None:
+            return None
+        ref = ContainerRef(ctx.pod.id, _container(ctx).name)
+        hints = memory_hints(self._memory, requests, container=ref)
+        return hints or None  # kubelet: no mask at all means "no preference"
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        requests = container_requests(container)
+        memory = self._memory
+        if requests is None or memory is None:
+            return Adjustment().set_cpuset_mems(format_cpu_list(self._all_nodes))
+        ref = ContainerRef(ctx.pod.id, container.name)
+        inits = _init_containers(ctx.pod)
+        try:
+            if ctx.affinity is not None:  # the topology policy's choice, as kubelet takes it
+                allocation = allocate(memory, ref, requests, ctx.affinity, init_containers=inits)
+            else:
+                allocation = self._near_cpus(ctx, ref, requests, inits)
+        except MemoryAllocationError as exc:
+            where = f"container {container.name!r} of pod {ctx.pod.namespace}/{ctx.pod.name}"
+            raise Reject(f"{where}: memory {_describe(requests)}: {exc}") from None
+        key = _key(ctx.pod.id, container.name, container.attempt)
+        self._pending[key] = {"ref": [ref.pod, ref.name], "new": not allocation.existing}
+        self._save()
+        return Adjustment().set_cpuset_mems(format_cpu_list(allocation.nodes))
+
+    async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        pending = self._pending.pop(_key(ctx.pod.id, container.name, container.attempt), None)
+        if pending is not None:
+            self._owners[ctx.response.container_id] = pending["ref"]  # type: ignore[union-attr]
+            self._save()
+        return None
+
+    async def failed_create_container(self, ctx: HookContext) -> None:
+        container = _container(ctx)
+        pending = self._pending.pop(_key(ctx.pod.id, container.name, container.attempt), None)
+        if pending is None or self._memory is None:
+            return
+        if pending["new"]:
+            release(self._memory, ContainerRef(*pending["ref"]))
+        self._save()
+
+    # --- UpdateContainerResources: what crihook set stays -------------------------------------
+    async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        want = self._mems_of(_container(ctx).id)
+        return None if want is None else Adjustment().set_cpuset_mems(format_cpu_list(want))
+
+    # --- giving memory back ------------------------------------------------------------------
+    async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:
+        self._give_back(_container(ctx).id)
+        return None
+
+    async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
+        self._give_back(_container(ctx).id)
+        return None
+
+    async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        for cid, (pod, _) in list(self._owners.items()):
+            if pod == ctx.pod.id:
+                self._give_back(cid)
+        if self._memory is not None:
+            for name in list(self._memory.assignments.get(ctx.pod.id, {})):
+                release(self._memory, ContainerRef(ctx.pod.id, name))
+            self._save()
+        return None
+
+    # --- helpers -----------------------------------------------------------------------------
+    @property
+    def _topology(self) -> Topology:
+        if self._node is None:
+            raise RuntimeError("numa: called before synchronize (crihook starts hooks so)")
+        return self._node
+
+    @property
+    def _all_nodes(self) -> tuple[int, ...]:
+        node = self._topology
+        return tuple(sorted(node.memory)) or node.numa_nodes
+
+    def _near_cpus(
+        self,
+        ctx: HookContext,
+        ref: ContainerRef,
+        requests: Mapping[str, int],
+        inits: Sequence[InitContainer],
+    ) -> Allocation:
+        """No topology policy: memory on the NUMA nodes of the container's CPUs (what the
+        cpuset hook set) when they can take it; else where kubelet's memory manager would put
+        it with no policy (its own best hint)."""
+        assert self._memory is not None
+        cpuset = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        cpus = parse_cpu_list(cpuset) & self._topology.online
+        if cpus and cpus != self._topology.online:
+            near = TopologyHint(self._topology.numa_of(cpus), False)
+            try:
+                return allocate(self._memory, ref, requests, near, init_containers=inits)
+            except MemoryAllocationError:
+                pass  # those nodes are grouped with others already: kubelet's own choice
+        return allocate(self._memory, ref, requests, None, init_containers=inits)
+
+    def _mems_of(self, container_id: str) -> frozenset[int] | None:
+        ref = self._owners.get(container_id)
+        if ref is None or self._memory is None:
+            return None
+        blocks = self._memory.blocks(ContainerRef(*ref))
+        if not blocks:
+            return None
+        return frozenset(n for b in blocks for n in b.numa)
+
+    def _give_back(self, container_id: str) -> None:
+        ref = self._owners.pop(container_id, None)
+        if ref is None:
+            return
+        still_held = any(r == ref for r in self._owners.values())  # a later attempt's
+        if not still_held and self._memory is not None:
+            release(self._memory, ContainerRef(*ref))
+        self._save()
+
+    def _save(self) -> None:
+        if self._state is None or self._memory is None:
+            return
+        self._state.set(_STATE, self._memory.to_dict())
+        self._state.set(_OWNERS, self._owners)
+        self._state.set(_PENDING, self._pending)
+
+
+def _init_containers(pod: PodView) -> list[InitContainer]:
+    sidecars = {
+        n.strip() for n in pod.annotations.get(SIDECAR_CONTAINERS_ANNOTATION, "").split(",")
+    }
+    names = [n.strip() for n in pod.annotations.get(INIT_CONTAINERS_ANNOTATION, "").split(",")]
+    return [InitContainer(n, restartable=n in sidecars) for n in names if n]
+
+
+def _key(pod_id: str, name: str, attempt: int) -> str:
+    return f"{pod_id}/{name}/{attempt}"
+
+
+def _describe(requests: Mapping[str, int]) -> str:
+    return ", ".join(f"{r}={v}" for r, v in sorted(requests.items()))
+
+
+def _container(ctx: HookContext) -> ContainerView:
+    assert ctx.container is not None, "container stages always carry the container"
+    return ctx.container

@@ -1,0 +1,314 @@
+"""The resource hooks (cpuset, numa, oom) on machines this VM is not: a real crihook process
+reads a sysfs fixture tree of a big NUMA machine (`--sysfs-root`) and fronts a stateful fake
+runtime that records what it was asked to create.
+
+Expected CPUs are kubelet's picks, computed by the ported picker from the same topology and
+the CPUs free at that point; the picker itself is checked against kubelet's vectors in
+tests/unit/test_cpuset_picker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+from crihook.hooks.cpuset import take_cpus
+from crihook.hooks.node import Topology, parse_cpu_list
+from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.lab.memory_runtime import MemoryRuntime
+from tests.lab.sysfs import (
+    DUAL_SOCKET_SMT2_2NUMA,
+    DUAL_SOCKET_SMT2_4NUMA,
+    EPYC_256_8NUMA,
+    GIB,
+    OFFLINE_CPUS,
+    MachineSpec,
+    write_sysfs,
+)
+
+MIB = 1 << 20
+NODE_MEMORY = 256 * GIB
+
+
+@dataclass
+class Node:
+    """A fixture machine: crihook in front of the memory runtime, and a kubelet-ish client."""
+
+    topology: Topology
+    runtime: MemoryRuntime
+    proc: CrihookProcess
+    stub: api_pb2_grpc.RuntimeServiceStub
+
+    def run_pod(self, spec: PodSpec) -> str:
+        request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
+        return str(self.stub.RunPodSandbox(request, timeout=10).pod_sandbox_id)
+
+    def create(self, spec: PodSpec, sandbox_id: str, container: ContainerSpec) -> str:
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=sandbox_id,
+            config=container_config(spec, container, node_memory=NODE_MEMORY),
+            sandbox_config=sandbox_config(spec),
+        )
+        cid = str(self.stub.CreateContainer(request, timeout=10).container_id)
+        self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=10)
+        return cid
+
+    def pod(self, name: str, cpus: int | None, memory: int = GIB, **kw: object) -> tuple[str, str]:
+        """A one-container pod: Guaranteed with `cpus` whole CPUs, or Burstable (None)."""
+        milli = cpus * 1000 if cpus else None
+        container = ContainerSpec(
+            name="app",
+            cpu_request=milli or 100,
+            cpu_limit=milli,
+            memory_request=memory,
+            memory_limit=memory if cpus else None,
+        )
+        spec = PodSpec(name=name, containers=[container], **kw)  # type: ignore[arg-type]
+        sandbox = self.run_pod(spec)
+        return sandbox, self.create(spec, sandbox, container)
+
+    def cpus(self, cid: str) -> frozenset[int]:
+        return parse_cpu_list(self.runtime.cpuset_of(cid))
+
+    def hook_state(self, name: str) -> dict[str, Any]:
+        """A hook's state as written to disk, once crihook wrote what it had: reservations are
+        written ahead, their confirmations behind (a fraction of a second later)."""
+        path = self.proc.state_dir / "hooks" / f"{name}.json"
+
+        def settled() -> bool:
+            doc = json.loads(path.read_text()) if path.exists() else {}
+            return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
+
+        wait_for(settled, 5, f"{name}'s state written")
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+@pytest.fixture
+def fixture_node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    """Parametrized with (MachineSpec, config TOML)."""
+    spec, config = request.param
+    workdir = short_tmpdir("rh-")
+    root = write_sysfs(workdir / "sys", spec)
+    runtime = MemoryRuntime(workdir / "rt.sock").start()
+    proc = CrihookProcess(
+        runtime.endpoint,
+        workdir=workdir,
+        config=config,
+        hooks="cpuset,numa,oom",
+        args=["--sysfs-root", str(root)],
+    )
+    try:
+        proc.start()
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            yield Node(
+                Topology.from_sysfs(root), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
+            )
+    finally:
+        proc.kill()
+        runtime.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def machine(spec: MachineSpec, config: str = "", id: str = "") -> object:
+    return pytest.param((spec, config), id=id or "machine")
+
+
+# --- kubelet's picks, the shared pool, and the updates ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_exclusive_cpus_are_kubelets_pick_and_shared_containers_follow(fixture_node: Node) -> None:
+    node = fixture_node
+    topo = node.topology
+    _, shared = node.pod("burstable", None)
+    assert node.cpus(shared) == topo.online  # nothing exclusive yet: the whole machine
+
+    free = set(topo.online)
+    expected: list[frozenset[int]] = []
+    pinned = []
+    for i, size in enumerate((4, 2, 6)):
+        want = take_cpus(topo, frozenset(free), size)
+        _, cid = node.pod(f"g{i}", size)
+        assert node.cpus(cid) == want, f"pod g{i}: not kubelet's pick"
+        free -= want
+        expected.append(want)
+        pinned.append(cid)
+        # The shared container was moved off the new exclusive CPUs before CreateContainer
+        # returned, with one UpdateContainerResources per change.
+        assert node.cpus(shared) == frozenset(free)
+    stored = node.runtime.containers[pinned[0]].resources
+    assert stored.cpu_quota == -1  # no CFS quota on exclusive CPUs
+    assert len(node.runtime.containers[shared].updates) == 3
+    # Memory of a Guaranteed container sits on the NUMA nodes of its CPUs.
+    for cid, cpus in zip(pinned, expected, strict=True):
+        assert parse_cpu_list(node.runtime.mems_of(cid)) == topo.numa_of(cpus)
+    assert parse_cpu_list(node.runtime.mems_of(shared)) == set(topo.numa_nodes)
+
+
+@pytest.mark.parametrize(
+    "fixture_node",
+    [machine(OFFLINE_CPUS, "[hooks.cpuset]\nreserved_cpus = 2\n", id="offline-reserved")],
+    indirect=True,
+)
+def test_offline_and_reserved_cpus_are_never_handed_out(fixture_node: Node) -> None:
+    node = fixture_node
+    topo = node.topology
+    reserved = take_cpus(topo, topo.online, 2)
+    taken: set[int] = set()
+    for i in range(6):
+        _, cid = node.pod(f"g{i}", 4)
+        cpus = node.cpus(cid)
+        assert len(cpus) == 4
+        assert not cpus & topo.offline
+        assert not cpus & reserved
+        assert not cpus & taken
+        taken |= cpus
+    # 30 online - 2 reserved - 24 taken = 4 left: a fifth request of 6 cannot be met.
+    with pytest.raises(grpc.RpcError) as info:
+        node.pod("too-big", 6)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not enough cpus available" in info.value.details()
+    assert not [k for k in node.hook_state("cpuset") if k.startswith("r:")]
+
+
+# --- the topology policy ----------------------------------------------------------------------
+
+SINGLE_NUMA = '[node]\ntopology_policy = "single-numa-node"\n'
+
+
+@pytest.mark.parametrize(
+    "fixture_node",
+    [machine(DUAL_SOCKET_SMT2_4NUMA, SINGLE_NUMA, id="4numa-single-numa-node")],
+    indirect=True,
+)
+def test_single_numa_node_policy_aligns_or_refuses(fixture_node: Node) -> None:
+    node = fixture_node
+    topo = node.topology
+    for i in range(4):
+        _, cid = node.pod(f"fits{i}", 8, memory=4 * GIB)
+        cpus = node.cpus(cid)
+        assert len(topo.numa_of(cpus)) == 1, "one NUMA node for CPUs"
+        assert parse_cpu_list(node.runtime.mems_of(cid)) == topo.numa_of(cpus)
+    before = dict(node.runtime.containers)
+    # 24 CPUs cannot come from one node of 20.
+    with pytest.raises(grpc.RpcError) as info:
+        node.pod("spans", 24)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "single-numa-node" in info.value.details()
+    assert node.runtime.containers.keys() == before.keys()  # never reached the runtime
+    assert not [k for k in node.hook_state("cpuset") if k.startswith("r:")]
+
+
+# --- concurrency and failures -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture_node", [machine(EPYC_256_8NUMA, id="epyc-256")], indirect=True)
+def test_parallel_creates_never_overlap(fixture_node: Node) -> None:
+    node = fixture_node
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(lambda i: node.pod(f"p{i}", 1 + i % 7), range(40)))
+    seen: set[int] = set()
+    total = 0
+    for i, (_, cid) in enumerate(results):
+        cpus = node.cpus(cid)
+        assert len(cpus) == 1 + i % 7
+        assert not cpus & seen, f"container {i} overlaps an earlier one"
+        seen |= cpus
+        total += len(cpus)
+    assert total == sum(1 + i % 7 for i in range(40))
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_a_runtime_failure_leaves_nothing_allocated(fixture_node: Node) -> None:
+    node = fixture_node
+    sandbox, first = node.pod("first", 4)
+    held_before = node.hook_state("cpuset")
+    memory_before = node.hook_state("numa")["memory"]
+    app = ContainerSpec("app", cpu_request=4000, cpu_limit=4000)
+    app.memory_request = app.memory_limit = GIB
+    spec = PodSpec(name="second", containers=[app])
+    sandbox2 = node.run_pod(spec)
+    node.runtime.fail_next("CreateContainer", grpc.StatusCode.INTERNAL, "disk on fire")
+    with pytest.raises(grpc.RpcError) as info:
+        node.create(spec, sandbox2, spec.containers[0])
+    assert info.value.code() == grpc.StatusCode.INTERNAL  # the runtime's own status
+    assert node.hook_state("cpuset") == held_before
+    assert node.hook_state("numa")["memory"] == memory_before
+    # And the CPUs it had reserved go to the next container.
+    cid = node.create(spec, sandbox2, spec.containers[0])
+    assert node.cpus(cid) == take_cpus(node.topology, node.topology.online - node.cpus(first), 4)
+    assert sandbox
+
+
+@pytest.mark.parametrize(
+    "fixture_node",
+    [
+        machine(
+            DUAL_SOCKET_SMT2_2NUMA,
+            '[hooks.cpuset]\npolicy_options = { "full-pcpus-only" = "true" }\n'
+            '[hooks.oom]\noverride_ranges = { "batch" = "500..1000" }\n',
+            id="full-pcpus",
+        )
+    ],
+    indirect=True,
+)
+def test_bad_input_gets_a_clear_status_and_no_allocation(fixture_node: Node) -> None:
+    node = fixture_node
+    with pytest.raises(grpc.RpcError) as info:
+        node.pod("odd", 3)  # not whole cores on SMT2
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "SMT Alignment Error" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        node.pod("bad-oom", None, annotations={"oom.crihook.io/score-adj": "lots"})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "oom.crihook.io/score-adj" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        node.pod("out-of-range", None, annotations={"oom.crihook.io/score-adj": "100"})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "outside the range" in info.value.details()
+    assert not [k for k in node.hook_state("cpuset") if k.startswith(("r:", "c:"))] or all(
+        not v["cpus"]
+        for v in node.hook_state("cpuset").values()  # type: ignore[index]
+    )
+    _, cid = node.pod(
+        "batch-job", None, namespace="batch", annotations={"oom.crihook.io/score-adj": "800"}
+    )
+    assert node.runtime.containers[cid].resources.oom_score_adj == 800
+
+
+# --- restart ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture_node", [machine(EPYC_256_8NUMA, id="epyc-256")], indirect=True)
+def test_restart_mid_workload_keeps_every_allocation(fixture_node: Node) -> None:
+    node = fixture_node
+    pinned = {}
+    for i in range(10):
+        pinned[f"a{i}"] = node.pod(f"a{i}", 1 + i % 4)[1]
+    node.proc.kill()  # SIGKILL: no clean shutdown
+    node.proc.start()
+    for i in range(10, 20):
+        pinned[f"a{i}"] = node.pod(f"a{i}", 1 + i % 4)[1]
+    seen: set[int] = set()
+    for cid in pinned.values():
+        cpus = node.cpus(cid)
+        assert not cpus & seen
+        seen |= cpus
+    state = node.hook_state("cpuset")
+    held = {k[2:]: v for k, v in state.items() if k.startswith("c:")}  # type: ignore[union-attr]
+    assert {cid for cid in pinned.values()} <= held.keys()
+    for cid in pinned.values():
+        assert parse_cpu_list(held[cid]["cpus"]) == node.cpus(cid)  # type: ignore[index]
