@@ -75,6 +75,7 @@ class App:
             settings.node.topology_scope,
         )
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
+        self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
         self.plugins = PluginDirectory(
             settings.chain.plugins_dir,

@@ -10,9 +10,10 @@ With no hook adjusting anything the request bytes kubelet sent are forwarded as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -45,14 +46,11 @@ __all__ = ["Pipeline"]
 log = logging.getLogger(__name__)
 
 _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
-# Statuses after which the runtime may have carried the call out or not.
+# Statuses after which the runtime may have carried the call out or not: the connection
+# broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
+# did not classify, after cleaning up: a failure.)
 _UNKNOWN_OUTCOME = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
 
 
@@ -98,6 +96,44 @@ class _PodLock:
             self._locks[self._key] = (lock, users - 1)
 
 
+class _Gate:
+    """Calls pass in parallel; `quiesced()` waits until none is inside and keeps new ones
+    out meanwhile: hooks synchronize with the runtime while no call holds a reservation the
+    runtime has not answered yet. A call enters after taking its pod's lock and waits for no
+    other lock inside, so closing the gate cannot deadlock."""
+
+    __slots__ = ("_closing", "_idle", "_inside", "_open")
+
+    def __init__(self) -> None:
+        self._inside = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._closing = asyncio.Lock()
+
+    async def __aenter__(self) -> None:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inside += 1
+        self._idle.clear()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._inside -= 1
+        if not self._inside:
+            self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def quiesced(self) -> AsyncIterator[None]:
+        async with self._closing:
+            self._open.clear()
+            try:
+                await self._idle.wait()
+                yield
+            finally:
+                self._open.set()
+
+
 class _Call:
     """What the pipeline knows about one intercepted call."""
 
@@ -139,6 +175,8 @@ class Pipeline:
         self._locks = _PodLocks()
         self._forward = {e: runtime.unary(spec.path) for e, spec in INTERCEPTED.items()}
         self.updater = ContainerUpdater(runtime, store)
+        self._gate = _Gate()
+        self.quiesced = self._gate.quiesced
         self.on_unknown_outcome: Callable[[PodView], None] | None = None
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
         runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
@@ -172,7 +210,7 @@ class Pipeline:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         call = _Call(event, request)
         self._views(call)
-        async with self._locks.hold(call.lock_key):
+        async with self._locks.hold(call.lock_key), self._gate:
             ran: list[str] = []  # hooks whose pre stage ran: told if the call fails
             try:
                 merger, changed = await self._pre(call, deadline, ran)
@@ -180,8 +218,8 @@ class Pipeline:
                 log.warning("%s refused: %s", event.value, exc, extra=call.describe())
                 await self._failed(call, ran, str(exc))
                 await _abort(context, exc.status, f"{exc} ({_who(call)})")
-            except asyncio.CancelledError:
-                await self._failed(call, ran, "kubelet cancelled the call before it was forwarded")
+            except BaseException as exc:  # cancelled by kubelet, or a bug: release all the same
+                await self._failed(call, ran, _gone(exc, "before the call was forwarded"))
                 raise
             forwarded = request.SerializeToString() if changed else raw
             if deadline is not None:
@@ -193,13 +231,14 @@ class Pipeline:
                 log.info(
                     "%s failed in the runtime: %s", event.value, code.name, extra=call.describe()
                 )
-                await self._failed(call, ran, f"the runtime answered {code.name}: {err.details()}")
                 if code in _UNKNOWN_OUTCOME:
                     self._outcome_unknown(call)
+                else:
+                    failure = f"the runtime answered {code.name}: {err.details()}"
+                    await self._failed(call, ran, failure)
                 await abort_with(context, err)
-            except asyncio.CancelledError:
+            except BaseException:
                 # kubelet gave up while the runtime was acting: it may have done it or not.
-                await self._failed(call, ran, "kubelet cancelled the call while the runtime acted")
                 self._outcome_unknown(call)
                 raise
             response = spec.response.FromString(response_raw)
@@ -249,7 +288,11 @@ class Pipeline:
             await self._failed(call, [name], why)
 
     def _outcome_unknown(self, call: _Call) -> None:
-        if self.on_unknown_outcome is not None and call.pod.uid:
+        """The runtime may or may not have done it: what the hooks reserved stays reserved
+        until the pod is reconciled with the runtime (soon after); the hooks' synchronize
+        then confirms what the runtime kept and releases the rest. Releasing now could hand
+        the CPUs of a container that does exist to another one."""
+        if self.on_unknown_outcome is not None:
             self.on_unknown_outcome(call.pod)
 
     def _views(self, call: _Call) -> None:
@@ -312,21 +355,21 @@ class Pipeline:
         if dry_run:
             target = type(call.request)()
             target.CopyFrom(call.request)
-        before = self.store.hook_state_changes
-        merger = await chain.run(
-            call.event,
-            Stage.PRE,
-            call.pod,
-            call.container,
-            target,
-            None,
-            deadline,
-            exempt=exempt,
-            affinity=affinity,
-            ran=ran,
-        )
-        if self.store.hook_state_changes != before:
-            await self.store.write_ahead()  # reservations are on disk before the runtime acts
+        with self.store.track_changes() as changes:
+            merger = await chain.run(
+                call.event,
+                Stage.PRE,
+                call.pod,
+                call.container,
+                target,
+                None,
+                deadline,
+                exempt=exempt,
+                affinity=affinity,
+                ran=ran,
+            )
+        if changes.last:
+            await self.store.write_ahead(changes.last)  # on disk before the runtime acts
         if dry_run:
             return merger, changed
         return merger, changed or merger.changed
@@ -429,6 +472,12 @@ def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
         value = jsonable(values[key])
         entries[label] = {"hook": hook, "field": label, "value": value, "event": name, "at": now}
     return entries
+
+
+def _gone(exc: BaseException, when: str) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return f"kubelet cancelled the call {when}"
+    return f"the call failed {when}: {type(exc).__name__}: {exc}"
 
 
 def _who(call: _Call) -> str:

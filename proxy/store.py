@@ -9,9 +9,11 @@ its verbose status.
 
 Two ways to persist, one for each side of the runtime's action:
 
-- `write_ahead()`, before a call is forwarded: what a hook reserved for the call must be on
-  disk before the runtime acts on it. If the state directory refuses the write the call is
-  not forwarded (`StateWriteError`); nothing is lost from memory.
+- `write_ahead(through)`, before a call is forwarded: what the call's hooks changed
+  (tracked per call: `track_changes()`) must be on disk before the runtime acts on it. If
+  the state directory refuses the write the call is not forwarded (`StateWriteError`);
+  nothing is lost from memory. A call that changed nothing never writes ahead, so another
+  call's failed write cannot fail it.
 - `write_behind()`, after the runtime acted: persisted soon (0.2 s, coalesced) by a
   background writer. The runtime already did it, so a failed write never fails a call: the
   writer keeps everything in memory, retries with backoff (0.2 s doubling to 5 s), marks the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -166,6 +169,20 @@ class HookStateStore:
         return dict(self._data)
 
 
+class CallChanges:
+    """The hook state changes one call made (the number of its last one; 0: none)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0
+
+
+_CALL: contextvars.ContextVar[CallChanges | None] = contextvars.ContextVar(
+    "crihook_call_changes", default=None
+)
+
+
 class _WriteFailed(Exception):
     """A state file could not be written; `reason` names the file and the error."""
 
@@ -184,11 +201,10 @@ class Store:
         self._hook_states: dict[str, HookStateStore] = {}
         self._dirty_store = False
         self._dirty_hooks: set[str] = set()
-        # Hook state changes are numbered: write_ahead() answers for the changes made since
-        # the last failure it reported, never again for ones an earlier call was told about.
+        # Hook state changes are numbered; a call knows the number of its own last one, and
+        # write_ahead() writes unless the disk already has everything up to it.
         self._hook_changes = 0
         self._hooks_saved = 0
-        self._hooks_reported = 0
         self._write_lock = asyncio.Lock()
         self.status_provider: Callable[[], dict[str, Any]] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -285,16 +301,24 @@ class Store:
     def _hook_touched(self, name: str) -> None:
         self._dirty_hooks.add(name)
         self._hook_changes += 1
+        call = _CALL.get()
+        if call is not None:
+            call.last = self._hook_changes
 
     @property
     def hook_states_dirty(self) -> bool:
         return bool(self._dirty_hooks)
 
-    @property
-    def hook_state_changes(self) -> int:
-        """How many times any hook state changed since start: compare before and after a
-        stage to know whether it changed one (and `write_ahead()` is due)."""
-        return self._hook_changes
+    @contextlib.contextmanager
+    def track_changes(self) -> Iterator[CallChanges]:
+        """Within it, the hook state changes made by the current task (one call's stages)
+        are noted in the CallChanges it yields, for `write_ahead(changes.last)`."""
+        changes = CallChanges()
+        token = _CALL.set(changes)
+        try:
+            yield changes
+        finally:
+            _CALL.reset(token)
 
     @property
     def _dirty(self) -> bool:
@@ -324,34 +348,27 @@ class Store:
                 self._hook_states[file.stem] = HookStateStore(file.stem, data, self._hook_touched)
 
     # --- persistence -------------------------------------------------------------------------
-    async def write_ahead(self) -> None:
-        """Persist every changed hook state now, before the call that changed it is forwarded.
-        A no-op (no I/O, no await) when no hook state changed.
+    async def write_ahead(self, through: int) -> None:
+        """Persist every changed hook state now, unless the disk has every change up to
+        `through` already (a call's own last change: `track_changes`); before the call that
+        made them is forwarded.
 
         Raises StateWriteError (RESOURCE_EXHAUSTED when the disk or quota is full, UNAVAILABLE
         otherwise) when the write fails: the state stays in memory, still marked changed, and
-        the background writer retries it. A call is answered only for changes made since the
-        last failure reported to a call: changes whose failure an earlier call was told about
-        are left to the background writer, so one failed write does not fail every later
-        call."""
-        if not self._dirty_hooks:
+        the background writer retries it. Only a call that changed hook state writes ahead,
+        so one failed write fails no call that keeps nothing."""
+        if self._hooks_saved >= through:
             return
-        wanted = self._hook_changes
-        reported = self._hooks_reported
         async with self._write_lock:
-            if self._hooks_saved >= wanted:
+            if self._hooks_saved >= through:
                 return  # a write while this call waited took its changes along
-            if wanted <= reported:
-                self.write_behind()
-                return
-            through = self._hook_changes
             try:
                 await self._write_dirty(hooks_only=True)
             except _WriteFailed as exc:
-                self._hooks_reported = max(self._hooks_reported, through)
                 self._failed(exc)
                 self.write_behind()
                 raise StateWriteError(self.state_dir, exc.error) from exc.error
+        self._wake.set()  # a write-behind waiting to retry: the disk works again
 
     def write_behind(self) -> None:
         """Persist soon (WRITE_BEHIND_SECONDS, coalesced), off the request path; never raises.

@@ -12,8 +12,10 @@ synchronized again. Repairs the hooks ask for are sent as container updates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
 import grpc
@@ -27,7 +29,7 @@ from crihook.proxy.chain import Chain
 from crihook.proxy.merge import stamp
 from crihook.proxy.methods import method_path
 from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.store import Store
+from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
 
 __all__ = ["RuntimeView", "Synchronizer"]
@@ -94,6 +96,7 @@ class Synchronizer:
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.failures = 0
+        self.quiesced: Callable[[], AbstractAsyncContextManager[None]] = _no_calls
 
     async def refresh_resources(self) -> int:
         """Take each known container's resources from the runtime (what it runs with now,
@@ -153,51 +156,63 @@ class Synchronizer:
             await self.updater.send(pending, {"method": f"synchronize ({reason})"})
 
     def reconcile_soon(self, pod: PodView) -> None:
-        """After a call with an unknown outcome for `pod`: learn what the runtime kept."""
-        if pod.uid in self._pending:
+        """After a call with an unknown outcome for `pod`: learn what the runtime kept, then
+        let every hook confirm or release what it reserved for the call."""
+        key = pod.uid or pod.id or "?"
+        if key in self._pending:
             return
-        self._pending.add(pod.uid)
+        self._pending.add(key)
         task = asyncio.get_running_loop().create_task(
-            self._reconcile(pod), name=f"crihook-reconcile-{pod.uid[:12]}"
+            self._reconcile(pod, key), name=f"crihook-reconcile-{key[:12]}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reconcile(self, pod: PodView) -> None:
+    async def _reconcile(self, pod: PodView, key: str) -> None:
+        """Retried until the runtime answers (with backoff up to 5 s): a reservation kept for
+        a call with an unknown outcome is released only by this."""
+        delay = RECONCILE_DELAY_SECONDS
+        attempt = 0
         try:
-            await asyncio.sleep(RECONCILE_DELAY_SECONDS)
-            for attempt in range(30):
+            while True:
+                await asyncio.sleep(delay)
                 try:
-                    pods, containers = await self.store.reconcile_pod(self._runtime_client, pod.uid)
+                    found: tuple[list[PodRecord], list[ContainerRecord]] = ([], [])
+                    if pod.uid:
+                        found = await self.store.reconcile_pod(self._runtime_client, pod.uid)
+                    async with self.quiesced():  # no reservation in flight meanwhile
+                        await self.synchronize("reconcile")
                     break
                 except grpc.aio.AioRpcError as exc:
-                    if attempt == 0:
+                    attempt += 1
+                    if attempt in (1, 10) or attempt % 60 == 0:
                         log.warning(
                             "reconciling pod %s/%s waits for the runtime: %s",
                             pod.namespace,
                             pod.name,
                             exc.code().name,
                         )
-                    await asyncio.sleep(1.0)
-            else:
-                log.error(
-                    "pod %s/%s: not reconciled, the runtime did not answer", pod.namespace, pod.name
-                )
-                return
+                    delay = min(delay * 2, 5.0)
+            pods, containers = found
             if pods or containers:
                 log.info(
                     "pod %s/%s: the runtime kept %d sandbox(es) and %d container(s) crihook "
-                    "did not know of; hooks synchronized",
+                    "did not know of",
                     pod.namespace,
                     pod.name,
                     len(pods),
                     len(containers),
                 )
-                await self.synchronize("reconcile")
         finally:
-            self._pending.discard(pod.uid)
+            self._pending.discard(key)
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def _no_calls() -> AsyncIterator[None]:
+    """Until the pipeline's gate is wired in: nothing to wait for."""
+    yield

@@ -312,3 +312,59 @@ def test_restart_mid_workload_keeps_every_allocation(fixture_node: Node) -> None
     assert {cid for cid in pinned.values()} <= held.keys()
     for cid in pinned.values():
         assert parse_cpu_list(held[cid]["cpus"]) == node.cpus(cid)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_a_call_with_an_unknown_outcome_keeps_its_cpus_until_the_runtime_says(
+    fixture_node: Node,
+) -> None:
+    """kubelet's deadline passes while the runtime creates the container: the container
+    exists, kubelet does not know it. Its CPUs stay reserved (released, they could go to
+    another container while this one runs on them) until the pod is reconciled, then are
+    confirmed under the id the runtime gave it; one whose container the runtime never made
+    is released."""
+    node = fixture_node
+    app = ContainerSpec("app", cpu_request=4000, cpu_limit=4000)
+    app.memory_request = app.memory_limit = GIB
+    spec = PodSpec(name="late", containers=[app])
+    sandbox = node.run_pod(spec)
+    node.runtime.slow_next("CreateContainer", 1.0)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        config=container_config(spec, app, node_memory=NODE_MEMORY),
+        sandbox_config=sandbox_config(spec),
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        node.stub.CreateContainer(request, timeout=0.3)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    (created,) = [c for c in node.runtime.containers.values() if c.pod_id == sandbox]
+    # Meanwhile nobody else gets those CPUs.
+    _, other = node.pod("other", 4)
+    assert not node.cpus(other) & parse_cpu_list(created.resources.cpuset_cpus)
+
+    def confirmed() -> bool:
+        state = node.hook_state("cpuset")
+        return f"c:{created.id}" in state
+
+    wait_for(confirmed, 10, "the late container confirmed")
+    held = node.hook_state("cpuset")[f"c:{created.id}"]
+    assert parse_cpu_list(held["cpus"]) == parse_cpu_list(created.resources.cpuset_cpus)
+
+    # The runtime went away before acting: nothing was made, the reservation goes.
+    node.runtime.fail_next("CreateContainer", grpc.StatusCode.UNAVAILABLE, "connection reset")
+    spec2 = PodSpec(name="lost", containers=[app])
+    sandbox2 = node.run_pod(spec2)
+    with pytest.raises(grpc.RpcError):
+        node.create(spec2, sandbox2, app)
+    wait_for(
+        lambda: (
+            not any(
+                k.startswith("r:")
+                for k in json.loads((node.proc.state_dir / "hooks" / "cpuset.json").read_text())
+            )
+        ),
+        10,
+        "the lost reservation released",
+    )

@@ -4,7 +4,8 @@ machines this VM is not (sysfs fixtures of big NUMA machines).
 It answers the lifecycle calls (sandboxes and containers get ids, states move as kubelet
 drives them), the list and status calls crihook reconciles with (resources as last created
 or updated, a verbose `info` carrying the config as containerd's does), and records every
-UpdateContainerResources. A call can still be scripted to fail (`fail_next`). Only for what
+UpdateContainerResources. A call can be scripted to fail (`fail_next`) or to answer late
+(`slow_next`). Only for what
 a real containerd cannot show here; the real one runs the same hooks on this machine.
 """
 
@@ -52,6 +53,7 @@ class MemoryRuntime(FakeRuntime):
         self._ids = itertools.count(1)
         self._state = threading.Lock()
         self._failures: dict[str, Reply] = {}
+        self._slow: dict[str, float] = {}
         handlers: dict[str, Callable[[bytes], bytes]] = {
             "Version": self._version,
             "RunPodSandbox": self._run_pod,
@@ -76,6 +78,12 @@ class MemoryRuntime(FakeRuntime):
         with self._state:
             self._failures[method] = Reply(code=code, details=details)
 
+    def slow_next(self, method: str, seconds: float) -> None:
+        """The next call of `method` is carried out, and answered `seconds` later (a client
+        with a shorter deadline never hears that it was done)."""
+        with self._state:
+            self._slow[method] = seconds
+
     def cpuset_of(self, container_id: str) -> str:
         with self._state:
             return self.containers[container_id].resources.cpuset_cpus
@@ -91,7 +99,7 @@ class MemoryRuntime(FakeRuntime):
                 if failure is not None:
                     return failure
                 try:
-                    return Reply(response=handler(request))
+                    return Reply(response=handler(request), delay=self._slow.pop(name, 0.0))
                 except KeyError as exc:
                     return Reply(code=grpc.StatusCode.NOT_FOUND, details=f"{exc} not found")
 

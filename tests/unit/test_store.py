@@ -469,15 +469,22 @@ def store_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
 # --- write_ahead -----------------------------------------------------------------------------
 
 
+async def change(store: Store, hook: str, key: str, value: object) -> int:
+    """A call's pre stage changing a hook state: the number `write_ahead` is given."""
+    with store.track_changes() as changes:
+        store.hook_state(hook).set(key, value)
+    return changes.last
+
+
 async def test_write_ahead_on_a_full_disk_is_resource_exhausted_and_keeps_the_state(
     disk: SmallDisk,
 ) -> None:
     store = loaded(disk.path)
     try:
-        store.hook_state("pin").set("c1", [2, 3])
+        mine = await change(store, "pin", "c1", [2, 3])
         disk.fill()
         with pytest.raises(StateWriteError) as info:
-            await store.write_ahead()
+            await store.write_ahead(mine)
         assert info.value.status == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert str(info.value) == (
             f"cannot write its state to {disk.path} (No space left on device); "
@@ -505,42 +512,60 @@ async def test_write_ahead_on_a_full_disk_is_resource_exhausted_and_keeps_the_st
 async def test_write_ahead_on_a_read_only_disk_is_unavailable(disk: SmallDisk) -> None:
     store = loaded(disk.path)
     try:
-        store.hook_state("pin").set("c1", [2, 3])
+        first = await change(store, "pin", "c1", [2, 3])
         disk.remount("ro")
         with pytest.raises(StateWriteError) as info:
-            await store.write_ahead()
+            await store.write_ahead(first)
         assert info.value.status == grpc.StatusCode.UNAVAILABLE
         assert "(Read-only file system)" in str(info.value)
         assert store.hook_states_dirty
         disk.remount("rw")
-        store.hook_state("pin").set("c2", [4])
-        await store.write_ahead()  # a new change: this call writes it, and the older one
+        second = await change(store, "pin", "c2", [4])
+        await store.write_ahead(second)  # this call's change, and the older one with it
         assert loaded(disk.path).hook_states() == {"pin": {"c1": [2, 3], "c2": [4]}}
     finally:
         await store.close()
 
 
-async def test_a_failed_write_ahead_does_not_fail_later_calls_that_changed_nothing(
+async def test_a_failed_write_ahead_fails_only_calls_whose_own_changes_are_not_on_disk(
     disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = loaded(disk.path)
     writes = count_writes(store, monkeypatch)
     try:
-        state = store.hook_state("pin")
-        state.set("a", 1)
+        b = await change(store, "pin", "b", 1)  # call B changed state first, then waits
+        a = await change(store, "pin", "a", 2)
         disk.fill()
         with pytest.raises(StateWriteError):
-            await store.write_ahead()
-        tried = len(writes)
-        await store.write_ahead()  # only the change an earlier call was told about: no error
-        assert len(writes) == tried  # and no write on the request path for it
-        state.set("b", 2)  # a change of this call: it must be on disk before forwarding
+            await store.write_ahead(a)  # A's write failed, and took B's change along
         with pytest.raises(StateWriteError):
-            await store.write_ahead()
+            await store.write_ahead(b)  # so B must not be forwarded either
+        tried = len(writes)
+        with store.track_changes() as nothing:
+            store.put_pod(pod("sb1"))  # a call that keeps no hook state
+        assert nothing.last == 0  # it never writes ahead, whatever failed before
+        assert len(writes) == tried
         disk.free()
-        state.set("c", 3)
-        await store.write_ahead()
-        assert loaded(disk.path).hook_states() == {"pin": {"a": 1, "b": 2, "c": 3}}
+        c = await change(store, "pin", "c", 3)
+        await store.write_ahead(c)
+        await store.write_ahead(b)  # everything up to c is on disk: nothing more to write
+        assert loaded(disk.path).hook_states() == {"pin": {"a": 2, "b": 1, "c": 3}}
+    finally:
+        await store.close()
+
+
+async def test_changes_are_counted_per_call(tmp_path: Path) -> None:
+    store = loaded(tmp_path)
+    try:
+        outside = store.hook_state("pin")
+        with store.track_changes() as first:
+            outside.set("x", 1)
+            with store.track_changes() as nested:  # another call's task would do this
+                outside.set("y", 2)
+            assert nested.last == 2
+        assert first.last == 1
+        outside.set("z", 3)  # a post stage: no call tracks it
+        assert first.last == 1
     finally:
         await store.close()
 
@@ -551,12 +576,12 @@ async def test_write_ahead_without_hook_changes_writes_nothing(
     store = loaded(tmp_path)
     writes = count_writes(store, monkeypatch)
     store.put_pod(pod("sb1"))  # a record: written behind, never ahead
-    before = store.hook_state_changes
-    await store.write_ahead()
-    assert (writes, store.hook_state_changes) == ([], before)
-    store.hook_state("pin").set("k", 1)
-    assert store.hook_state_changes == before + 1
-    await store.write_ahead()
+    await store.write_ahead(0)
+    assert writes == []
+    mine = await change(store, "pin", "k", 1)
+    await store.write_ahead(mine)
+    assert len(writes) == 1
+    await store.write_ahead(mine)  # already on disk
     assert len(writes) == 1
     assert not (tmp_path / STORE_FILE).exists()  # only the hook state went ahead
     assert loaded(tmp_path).hook_states() == {"pin": {"k": 1}}
