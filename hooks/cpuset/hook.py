@@ -3,7 +3,8 @@ shared pool for every other container, kept consistent as containers come and go
 
     CreateContainer  hints: the NUMA nodes that could hold its exclusive CPUs
                      pre: exclusive CPUs reserved (on disk before the runtime acts), or the
-                          shared pool; shared containers moved off the new CPUs
+                          shared pool; shared containers moved off the new CPUs; refused
+                          when it would empty a shared pool other containers run on
                      post: the reservation confirmed under the container's id
                      failed: the reservation released
     UpdateContainerResources  pre: the cpuset crihook set is kept (kubelet re-sends resources)
@@ -96,7 +97,9 @@ class CpusetHook(Hook):
         if count is None:
             return None
         pool = self.pool
-        cpus = self._take(pool.free(), count, ctx.affinity, f"pod {_pod(ctx.pod)}'s bubble")
+        what = f"pod {_pod(ctx.pod)}'s bubble"
+        cpus = self._take(pool.free(), count, ctx.affinity, what)
+        self._keep_node_shared_pool(cpus, what)
         pool.reserve_bubble(ctx.pod.uid, cpus)
         return None  # the sandbox itself runs as the runtime places it; the bubble is ours
 
@@ -117,6 +120,9 @@ class CpusetHook(Hook):
         if count is None or self.pool.bubble_of(ctx.pod.id) is not None:
             return None
         self._finished.pop(ctx.pod.id, None)  # asked anew for every call
+        kept = self.pool.attempt_cpus(ctx.pod.id, container.name)
+        if len(kept) == count:  # kubelet regenerates the hints of the CPUs it keeps
+            return {"cpu": cpu_hints(self.pool.topology, kept, frozenset(), count)}
         reusable = self.pool.reusable(ctx.pod.id, container.name, await self._exits(ctx))
         return {"cpu": cpu_hints(self.pool.topology, self.pool.free(), reusable, count)}
 
@@ -128,27 +134,33 @@ class CpusetHook(Hook):
         if count is None:
             cpus = pool.bubble_shared_pool(ctx.pod.id) if bubble else pool.shared_pool()
             if not cpus:
+                whose = f"pod {_pod(ctx.pod)}'s" if bubble else "the node's"
                 raise Reject(
-                    f"pod {_pod(ctx.pod)}'s shared pool is empty: its exclusive containers "
-                    f"hold the whole budget, so container {container.name!r} has no CPU to run on"
+                    f"{whose} shared pool is empty: exclusive containers hold all of its "
+                    f"CPUs, so container {container.name!r} has no CPU to run on"
                 )
             return Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
         finished = await self._exits(ctx)
         # From here on nothing awaits: the pick and the reservation see one state of the pool.
         self._finished.pop(ctx.pod.id, None)
-        reusable = pool.reusable(ctx.pod.id, container.name, finished)
-        if bubble is not None:
-            available = pool.bubble_shared_pool(ctx.pod.id) | (reusable & bubble.cpus)
-            if pool.shared_members(ctx.pod.id) and count >= len(available):
-                raise Reject(
-                    f"container {container.name!r} asks for {count} exclusive CPUs of pod "
-                    f"{_pod(ctx.pod)}'s {len(available)} shared ones, which its other "
-                    "containers run on: the pod's shared pool would be empty"
-                )
-        else:
-            available = pool.free() | reusable
         what = f"container {container.name!r} of pod {_pod(ctx.pod)}"
-        cpus = self._take(available, count, ctx.affinity, what)
+        kept = pool.attempt_cpus(ctx.pod.id, container.name)
+        if len(kept) == count:
+            cpus = kept  # a restart: kubelet keeps a container's CPUs under its name
+        else:
+            reusable = pool.reusable(ctx.pod.id, container.name, finished)
+            if bubble is not None:
+                available = pool.bubble_shared_pool(ctx.pod.id) | (reusable & bubble.cpus)
+            else:
+                available = pool.free() | reusable
+            cpus = self._take(available, count, ctx.affinity, what)
+            if bubble is None:
+                self._keep_node_shared_pool(cpus, what)
+            elif pool.shared_members(ctx.pod.id) and not pool.bubble_shared_pool(ctx.pod.id) - cpus:
+                raise Reject(
+                    f"{what}: {count} exclusive CPUs would leave pod {_pod(ctx.pod)}'s shared "
+                    "pool empty, and its other containers run on it"
+                )
         key = reservation_key(ctx.pod.id, container.name, container.attempt)
         holder = Holder(
             ctx.pod.id,
@@ -176,9 +188,8 @@ class CpusetHook(Hook):
         # A shared container: recorded now (nothing was reserved for it). If the pool changed
         # since its pre stage, it follows.
         bubble = pool.bubble_of(ctx.pod.id) is not None
-        holder = Holder(
-            ctx.pod.id, container.name, container.attempt, container.kind.value, in_bubble=bubble
-        )
+        kind = container.kind.value
+        holder = Holder(ctx.pod.id, container.name, container.attempt, kind, in_bubble=bubble)
         pool.record(cid, holder)
         sent = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         want = desired_cpus(pool, cid)
@@ -234,6 +245,18 @@ class CpusetHook(Hook):
             return self._shared_updates(holder.pod) if holder.cpus else None
         return self._shared_updates(None) if freed else None
 
+    def _keep_node_shared_pool(self, cpus: frozenset[int], what: str) -> None:
+        """Refuse to take the node's last shared CPUs while shared containers run on them: an
+        empty cpuset cannot be applied. (kubelet's static policy cannot get here: it requires
+        reserved CPUs, which stay in the shared pool; crihook allows none.)"""
+        pool = self.pool
+        if pool.shared_members(None) and not pool.shared_pool() - cpus:
+            raise Reject(
+                f"{what}: {len(cpus)} exclusive CPUs would leave the node's shared pool empty, "
+                "and other containers run on it (reserve CPUs with [hooks.cpuset] "
+                "reserved_cpus)"
+            )
+
     def _take(
         self, available: frozenset[int], count: int, affinity: TopologyHint | None, what: str
     ) -> frozenset[int]:
@@ -283,7 +306,13 @@ class CpusetHook(Hook):
 
 
 def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPool:
-    pool = CpuPool(node, reserved_cpus(node, config.reserved), sync.state)
+    reserved = reserved_cpus(
+        node,
+        config.reserved,
+        spread_numa=config.distribute_cpus_across_numa,
+        full_cores=config.full_pcpus_only,
+    )
+    pool = CpuPool(node, reserved, sync.state)
     dropped = pool.load()
     if dropped:
         log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))

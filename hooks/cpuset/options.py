@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.cpuset.picker import CPUAllocationError, take_cpus
+from crihook.hooks.cpuset.picker import CPUAllocationError, SMTAlignmentError, take_cpus
 from crihook.hooks.node import Topology, parse_cpu_list
 
 __all__ = ["POLICY_OPTIONS", "CpusetOptions", "parse_options", "reserved_cpus"]
@@ -79,13 +79,34 @@ def _bool(what: str, value: object) -> bool:
     raise ValueError(f'cpuset: {what} must be "true" or "false", not {value!r}')
 
 
-def reserved_cpus(topology: Topology, reserved: str | int) -> frozenset[int]:
-    """The reserved CPUs on this node; ValueError when they do not fit it."""
+def reserved_cpus(
+    topology: Topology,
+    reserved: str | int,
+    *,
+    spread_numa: bool = False,
+    full_cores: bool = False,
+) -> frozenset[int]:
+    """The reserved CPUs on this node; ValueError when they do not fit it.
+
+    A count is picked by kubelet's `takeByTopology`, which follows the policy options:
+    `spread_numa` (distribute-cpus-across-numa) spreads it, in whole cores with `full_cores`
+    (full-pcpus-only) when the count is whole cores, else packed."""
     if isinstance(reserved, int):
         if reserved == 0:
             return frozenset()
         try:
-            return take_cpus(topology, topology.online, reserved)
+            try:
+                return take_cpus(
+                    topology,
+                    topology.online,
+                    reserved,
+                    spread_numa=spread_numa,
+                    full_cores=full_cores and spread_numa,
+                )
+            except SMTAlignmentError:
+                # kubelet's distributed pick falls back to packed when the count is not
+                # whole groups; and it never refuses reserved CPUs for SMT alignment.
+                return take_cpus(topology, topology.online, reserved)
         except CPUAllocationError as exc:
             raise ValueError(f"cpuset: reserved_cpus = {reserved}: {exc}") from None
     cpus = parse_cpu_list(reserved)

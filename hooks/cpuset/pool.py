@@ -10,8 +10,9 @@ The node's CPUs are split as kubelet's static CPU manager splits them:
 Holders are keyed by container id once the runtime created the container, and by a
 reservation key (`<pod id>/<name>/<attempt>`) between the pre stage and the runtime's answer.
 CPUs of a pod's finished init containers, and of an earlier attempt of the same container,
-are reusable by its later containers; a holder gives back only the CPUs no other container
-of its pod holds (kubelet's rule for init-container reuse).
+are reusable by its later containers (a restart of the same size gets exactly the CPUs its
+earlier attempt holds, as kubelet keeps them under the container's name); a holder gives back
+only the CPUs no other container of its pod holds (kubelet's rule for init-container reuse).
 
 Every change is mirrored into the hook's persisted state (`c:<container id>`,
 `r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool.
@@ -156,6 +157,12 @@ class CpuPool:
             and not h.stopped
             and (h.in_bubble and h.pod == pod if pod is not None else not h.in_bubble)
         ]
+
+    def attempt_cpus(self, pod: str, name: str) -> frozenset[int]:
+        """The exclusive CPUs the latest earlier attempt of a container still holds (empty:
+        none). kubelet keeps a container's CPUs under its name, so a restart gets them back."""
+        held = [h for _, h in self.pod_holders(pod) if h.name == name and h.cpus and not h.stopped]
+        return max(held, key=lambda h: h.attempt).cpus if held else frozenset()
 
     def reusable(self, pod: str, name: str, states: Mapping[str, bool]) -> frozenset[int]:
         """CPUs of `pod` a new container may take besides the free ones: those of earlier

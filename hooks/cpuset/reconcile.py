@@ -8,7 +8,8 @@
   exactly its whole-CPU request of free CPUs keeps them (what kubelet's static manager gave it
   before crihook was put in front); any other joins the shared pool;
 - two pods never hold the same CPU: if the state says so (it was edited, or is corrupt), the
-  pod seen later loses them and runs on the shared pool, logged;
+  pod seen later loses them and runs on the shared pool, logged; so does a container holding
+  CPUs that are now reserved or offline;
 - every created or running container whose cpuset differs from what the pool says gets an
   update (a repair, logged).
 """
@@ -132,6 +133,10 @@ def _adopt(pool: CpuPool, container: ContainerView, state: ContainerState) -> No
 
 def _split_overlaps(pool: CpuPool) -> None:
     owner: dict[int, str] = {c: key for key, b in pool.bubbles.items() for c in b.cpus}
+    # Reserved CPUs, or CPUs no longer online (the options or the machine changed since the
+    # state was written), are never held exclusively either.
+    for cpu in pool.reserved | (pool.held() - pool.topology.online):
+        owner[cpu] = ""
     for cid in sorted(pool.containers):
         holder = pool.containers[cid]
         if not holder.cpus or holder.in_bubble:
@@ -139,8 +144,8 @@ def _split_overlaps(pool: CpuPool) -> None:
         clash = {c for c in holder.cpus if owner.get(c, holder.pod) != holder.pod}
         if clash:
             log.error(
-                "cpuset: container %s of pod %s holds cpus %s that another pod holds; "
-                "it moves to the shared pool",
+                "cpuset: container %s of pod %s holds cpus %s that another pod holds, or that "
+                "are reserved or offline; it moves to the shared pool",
                 cid[:12],
                 holder.pod[:12],
                 format_cpu_list(clash),

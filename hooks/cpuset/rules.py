@@ -2,7 +2,10 @@
 
 - A container gets exclusive CPUs when its pod is Guaranteed (the sandbox cgroup parent says
   so) and its CPU request is whole CPUs (kubelet's `guaranteedCPUs`); the request is decoded
-  from `cpu_shares`, exactly as kubelet encodes it.
+  from `cpu_shares`, exactly as kubelet encodes it. Its CPU limit must equal the request (or
+  be absent: no CFS quota): in a pod made Guaranteed by pod-level resources only containers
+  that are Guaranteed themselves get exclusive CPUs (kubelet 1.36, container scope); in any
+  other Guaranteed pod every container's limit equals its request anyway.
 - With the `pod` topology scope, a Guaranteed pod whose pod-level CPU budget
   (`LinuxPodSandboxConfig.resources`) is whole CPUs gets a bubble of that many CPUs at
   RunPodSandbox. Its containers whose own CPU request is whole CPUs and equals their limit
@@ -18,7 +21,10 @@ __all__ = ["bubble_cpus", "exclusive_cpus", "slice_cpus"]
 
 def exclusive_cpus(container: ContainerView) -> int | None:
     """Whole CPUs a container of a Guaranteed pod asks for, or None (shared pool)."""
-    return container.resources.integer_cpus or None
+    res = container.resources
+    if res.cpu_limit_milli is not None and res.cpu_limit_milli != res.cpu_request_milli:
+        return None
+    return res.integer_cpus or None
 
 
 def bubble_cpus(pod: PodView, scope: str) -> int | None:

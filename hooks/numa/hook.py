@@ -9,9 +9,11 @@ NUMA node as kubelet's memory manager (Static policy) does it.
 - A container of a Guaranteed pod with a memory limit gets memory (and hugepages, from its
   hugepage limits) on NUMA nodes: the nodes the topology policy chose for the container
   (`ctx.affinity`); with no policy, the nodes of its exclusive CPUs (what the `cpuset` hook
-  earlier in the chain set). When those nodes cannot hold it, the allocation widens as
-  kubelet's does, unless the policy insists on a preferred placement: then CreateContainer is
-  refused, naming what did not fit. Its cpuset.mems are the nodes of its memory.
+  earlier in the chain set; a node kubelet allocates together with others counts as its
+  group), or where kubelet's memory manager alone puts it when it has none. When those nodes
+  cannot hold it, the allocation widens as kubelet's does, unless the policy insists on a
+  preferred placement: then CreateContainer is refused, naming what did not fit. Its
+  cpuset.mems are the nodes of its memory.
 - Every other container gets all memory nodes.
 - Allocations are reserved in the pre stage (on disk before the runtime acts), confirmed
   under the container's id, released when the call fails, when kubelet stops or removes the
@@ -142,29 +144,35 @@ class NumaHook(Hook):
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         if self._node is None:
-            self._node = sync.node
-            self._reserved = parse_reserved_memory(self.options.get("reserved_memory"), sync.node)
+            # Set only once all of it worked: a reserved_memory that does not fit this node
+            # fails every synchronize, never leaves a hook that accounts nothing silently.
+            reserved = parse_reserved_memory(self.options.get("reserved_memory"), sync.node)
+            self._memory = self._load(sync.node, reserved, sync.state)
+            self._reserved = reserved
             self._state = sync.state
-            self._load(sync.state)
+            self._node = sync.node
         return self._reconcile(sync)
 
-    def _load(self, state: HookState) -> None:
-        node = self._topology
+    def _load(
+        self, node: Topology, reserved: dict[int, dict[str, int]], state: HookState
+    ) -> MemoryState | None:
         if not node.memory:
             log.warning("numa: sysfs shows no per-node memory; memory is not accounted")
-            return
-        saved = state.get(_STATE)
+            return None
         try:
-            self._memory = (
-                MemoryState.from_dict(node, self._reserved, saved)
-                if saved
-                else MemoryState.build(node, self._reserved)
-            )
+            empty = MemoryState.build(node, reserved)
         except ValueError as exc:
-            log.error("numa: the saved memory state is unusable (%s); rebuilt empty", exc)
-            self._memory = MemoryState.build(node, self._reserved)
+            raise ValueError(f"numa: reserved_memory: {exc}") from None
+        saved = state.get(_STATE)
+        memory = empty
+        if saved:
+            try:
+                memory = MemoryState.from_dict(node, reserved, saved)
+            except ValueError as exc:
+                log.error("numa: the saved memory state is unusable (%s); rebuilt empty", exc)
         self._owners = dict(state.get(_OWNERS, {}))
         self._pending = dict(state.get(_PENDING, {}))
+        return memory
 
     def _reconcile(self, sync: SyncContext) -> list[ContainerUpdate]:
         live = {c.id: c for c in sync.containers}
@@ -192,9 +200,10 @@ class NumaHook(Hook):
         for cid, container in live.items():
             if sync.container_states.get(cid) not in _LIVE:
                 continue
-            want = self._mems_of(cid)
-            have = parse_cpu_list(container.resources.cpuset_mems) or frozenset(self._all_nodes)
-            if want is not None and have != want:
+            every = frozenset(self._all_nodes)
+            want = self._mems_of(cid) or every  # a container not accounted gets every node
+            have = parse_cpu_list(container.resources.cpuset_mems) or every
+            if have != want:
                 log.warning(
                     "numa: container %s has memory nodes %s, should have %s; repairing",
                     cid[:12],
@@ -245,7 +254,8 @@ class NumaHook(Hook):
                 allocation = self._near_cpus(ctx, ref, requests, inits)
         except MemoryAllocationError as exc:
             where = f"container {container.name!r} of pod {ctx.pod.namespace}/{ctx.pod.name}"
-            raise Reject(f"{where}: memory {_describe(requests)}: {exc}") from None
+            nodes = ctx.affinity.numa if ctx.affinity is not None else None
+            raise Reject(f"{where}: {_misfit(memory, requests, nodes)}: {exc}") from None
         key = _key(ctx.pod.id, container.name, container.attempt)
         self._pending[key] = {"ref": [ref.pod, ref.name], "new": not allocation.existing}
         self._save()
@@ -286,6 +296,9 @@ class NumaHook(Hook):
         for cid, (pod, _) in list(self._owners.items()):
             if pod == ctx.pod.id:
                 self._give_back(cid)
+        for key, pending in list(self._pending.items()):
+            if pending["ref"][0] == ctx.pod.id:
+                del self._pending[key]
         if self._memory is not None:
             for name in list(self._memory.assignments.get(ctx.pod.id, {})):
                 release(self._memory, ContainerRef(ctx.pod.id, name))
@@ -314,16 +327,24 @@ class NumaHook(Hook):
         """No topology policy: memory on the NUMA nodes of the container's CPUs (what the
         cpuset hook set) when they can take it; else where kubelet's memory manager would put
         it with no policy (its own best hint)."""
-        assert self._memory is not None
+        memory = self._memory
+        assert memory is not None
         cpuset = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         cpus = parse_cpu_list(cpuset) & self._topology.online
-        if cpus and cpus != self._topology.online:
-            near = TopologyHint(self._topology.numa_of(cpus), False)
+        # Only exclusive CPUs say where the container runs; a shared pool (any other cpuset)
+        # leaves the choice to kubelet's memory manager.
+        if cpus and len(cpus) == _container(ctx).resources.integer_cpus:
+            # A node kubelet grouped with others serves only that group (kubelet never
+            # hints it alone): the group, not the node, is near.
+            nodes = frozenset(
+                n for node in self._topology.numa_of(cpus) for n in _cells(memory, node)
+            )
+            near = TopologyHint(nodes, False)
             try:
-                return allocate(self._memory, ref, requests, near, init_containers=inits)
+                return allocate(memory, ref, requests, near, init_containers=inits)
             except MemoryAllocationError:
                 pass  # those nodes are grouped with others already: kubelet's own choice
-        return allocate(self._memory, ref, requests, None, init_containers=inits)
+        return allocate(memory, ref, requests, None, init_containers=inits)
 
     def _mems_of(self, container_id: str) -> frozenset[int] | None:
         ref = self._owners.get(container_id)
@@ -365,6 +386,26 @@ def _key(pod_id: str, name: str, attempt: int) -> str:
 
 def _describe(requests: Mapping[str, int]) -> str:
     return ", ".join(f"{r}={v}" for r, v in sorted(requests.items()))
+
+
+def _cells(memory: MemoryState, node: int) -> tuple[int, ...]:
+    state = memory.nodes.get(node)
+    return state.cells if state is not None else (node,)
+
+
+def _misfit(memory: MemoryState, requests: Mapping[str, int], nodes: frozenset[int] | None) -> str:
+    """What did not fit: each request above the free memory of `nodes` (all nodes when
+    None), with that free memory; every request when each fits on its own."""
+    where = sorted(memory.nodes) if nodes is None else sorted(nodes)
+    short = []
+    for resource, size in sorted(requests.items()):
+        tables = [memory.nodes[n].memory.get(resource) for n in where if n in memory.nodes]
+        free = sum(t.free for t in tables if t is not None)
+        if size > free:
+            short.append(f"{resource} {size} bytes (free: {free})")
+    if not short:
+        return f"memory {_describe(requests)}"
+    return f"{', '.join(short)} on NUMA node(s) {format_cpu_list(where)}"
 
 
 def _container(ctx: HookContext) -> ContainerView:

@@ -110,10 +110,20 @@ class OomHook(Hook):
 
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         self._host = sync.host
-        live = {c.id for c in sync.containers}
+        live = {c.id: c for c in sync.containers}
         for key, _ in sync.state.items():
             if key.startswith(_CONTAINER) and key[len(_CONTAINER) :] not in live:
                 sync.state.delete(key)
+        # Containers this hook did not see created (crihook was put in front of a running
+        # node): known from now on, with the score the runtime reports, so a later kubelet
+        # update reaches their processes too.
+        pods = {p.id: p for p in sync.pods}
+        for cid, container in live.items():
+            score = container.resources.oom_score_adj
+            pod = pods.get(container.pod_id)
+            if sync.state.get(_CONTAINER + cid) is None and score is not None and pod is not None:
+                doc = {"pod": pod.id, "score": score, "sticky": _sticky(self, pod)}
+                sync.state.set(_CONTAINER + cid, doc)
         return ()
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
@@ -137,8 +147,10 @@ class OomHook(Hook):
         container = _container(ctx)
         key = _CONTAINER + container.id
         kept = ctx.state.get(key)
+        if kept is None or self._host is None or not ctx.request.HasField("linux"):
+            return None  # without resources (only annotations, say) it asks for no score
         wanted = int(ctx.request.linux.oom_score_adj)  # type: ignore[attr-defined]
-        if kept is None or int(kept["score"]) == wanted or self._host is None:
+        if int(kept["score"]) == wanted:
             return None
         # containerd ignores oom_score_adj on update: crihook writes it to the processes.
         written = await asyncio.to_thread(

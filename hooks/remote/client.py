@@ -27,6 +27,7 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 import grpc
 import tenacity
@@ -49,10 +50,10 @@ from crihook.hooks.spec.errors import InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage
 from crihook.hooks.spec.hook import HookContext, SyncContext
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
-from crihook.proxy.config import HookSettings
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "PluginSettings",
     "RemoteHook",
     "Snapshot",
     "StageRequestEncoder",
@@ -82,6 +83,18 @@ _CHANNEL_OPTIONS = (
     # An idle channel would go IDLE and reconnect silently, skipping the socket check.
     ("grpc.client_idle_timeout_ms", 2**31 - 1),
 )
+
+
+class PluginSettings(Protocol):
+    """What the client needs of a plugin's settings (crihook's HookSettings has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def endpoint(self) -> str | None: ...
+    @property
+    def timeout_ms(self) -> int: ...
+
 
 Snapshot = Callable[
     [], tuple[Sequence[PodView], Sequence[ContainerView], Mapping[str, ContainerState]]
@@ -381,7 +394,7 @@ class RemoteHook:
 
     def __init__(
         self,
-        settings: HookSettings,
+        settings: PluginSettings,
         snapshot: Snapshot,
         *,
         on_sync_updates: SyncUpdatesHandler | None = None,

@@ -293,10 +293,12 @@ def _names(annotations: Mapping[str, str], key: str) -> set[str]:
 
 
 def container_kind(pod: PodView, name: str) -> ContainerKind:
-    if name in _names(pod.annotations, INIT_CONTAINERS_ANNOTATION):
-        return ContainerKind.INIT
+    # A sidecar is a restartable init container: listed among the init containers too, it
+    # is still a sidecar (it runs alongside the app containers).
     if name in _names(pod.annotations, SIDECAR_CONTAINERS_ANNOTATION):
         return ContainerKind.SIDECAR
+    if name in _names(pod.annotations, INIT_CONTAINERS_ANNOTATION):
+        return ContainerKind.INIT
     if INIT_CONTAINERS_ANNOTATION in pod.annotations or (
         SIDECAR_CONTAINERS_ANNOTATION in pod.annotations
     ):

@@ -366,6 +366,12 @@ KIND_CASES = [
         "app",
         ContainerKind.APP,
     ),
+    (
+        "sidecar-also-listed-as-init",
+        {INIT_CONTAINERS_ANNOTATION: "setup,proxy", SIDECAR_CONTAINERS_ANNOTATION: "proxy"},
+        "proxy",
+        ContainerKind.SIDECAR,
+    ),
     ("unknown-without-annotations", {}, "app", ContainerKind.UNKNOWN),
     ("no-prefix-match", {INIT_CONTAINERS_ANNOTATION: "setup-db"}, "setup", ContainerKind.APP),
 ]
