@@ -21,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from crihook import __version__
+from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import LinuxHost, Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.proxy import sdnotify
@@ -101,6 +103,18 @@ class App:
     ) -> tuple[list[PodView], list[ContainerView], Mapping[str, ContainerState]]:
         pods, containers = self.store.snapshot()
         return pods, containers, self.store.container_states()
+
+    def _restored(self, response: bytes) -> None:
+        """RestorePod succeeded: the pod and its containers came back without any call
+        crihook intercepts; the store and every hook learn them from the runtime."""
+        try:
+            sandbox_id = api_pb2.RestorePodResponse.FromString(response).pod_sandbox_id
+        except DecodeError:
+            sandbox_id = ""
+        if not sandbox_id:
+            log.error("RestorePod answered without a sandbox id: its pod stays unknown")
+            return
+        self.sync.restored(sandbox_id)
 
     async def _plugin_sync_updates(self, hook: str, updates: Sequence[ContainerUpdate]) -> None:
         await self.pipeline.updater.send(stamp(hook, updates), {"method": "Synchronize"})
@@ -191,7 +205,11 @@ class App:
         path = settings.server.socket_path
         prepare_listen_path(path)
         server = build_server(
-            self.runtime, self.pipeline, self.readiness, settings.server.max_message_bytes
+            self.runtime,
+            self.pipeline,
+            self.readiness,
+            settings.server.max_message_bytes,
+            observers={"RestorePod": self._restored},
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()

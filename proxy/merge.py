@@ -58,6 +58,7 @@ ALLOWED_FIELDS: Mapping[Event, frozenset[Field]] = {
     ),
     Event.CREATE_CONTAINER: frozenset(_CONTAINER_FIELDS),
     Event.UPDATE_CONTAINER_RESOURCES: frozenset(RESOURCE_FIELDS | {Field.ANNOTATION}),
+    Event.UPDATE_POD_SANDBOX_RESOURCES: frozenset(RESOURCE_FIELDS - {Field.OOM_SCORE_ADJ}),
     Event.START_CONTAINER: frozenset(),
     Event.STOP_CONTAINER: frozenset(),
     Event.REMOVE_CONTAINER: frozenset(),
@@ -183,6 +184,8 @@ def _base(hook: str) -> str:
 def _resources(event: Event, request: Any) -> Any:
     if event is Event.UPDATE_CONTAINER_RESOURCES:
         return request.linux
+    if event is Event.UPDATE_POD_SANDBOX_RESOURCES:
+        return request.resources
     return request.config.linux.resources
 
 

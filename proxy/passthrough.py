@@ -16,6 +16,7 @@ import grpc.aio
 from crihook.proxy.runtime_client import RuntimeClient
 
 __all__ = [
+    "Observer",
     "Readiness",
     "abort_with",
     "call_options",
@@ -74,8 +75,16 @@ async def _not_ready(context: grpc.aio.ServicerContext[Any, Any], readiness: Rea
 Behaviour = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Coroutine[Any, Any, bytes]]
 
 
+Observer = Callable[[bytes], None]
+"""Told the runtime's answer (bytes) to a forwarded call that succeeded."""
+
+
 def unary_handler(
-    client: RuntimeClient, path: str, image_service: bool, readiness: Readiness
+    client: RuntimeClient,
+    path: str,
+    image_service: bool,
+    readiness: Readiness,
+    observer: Observer | None = None,
 ) -> grpc.RpcMethodHandler:
     call = client.unary(path, image_service)
 
@@ -86,6 +95,8 @@ def unary_handler(
             response: bytes = await call(request, **call_options(context))
         except grpc.aio.AioRpcError as err:
             await abort_with(context, err)
+        if observer is not None:
+            observer(response)
         return response
 
     return grpc.unary_unary_rpc_method_handler(forward)

@@ -46,6 +46,9 @@ __all__ = ["Pipeline"]
 log = logging.getLogger(__name__)
 
 _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
+_POD_ID_EVENTS = frozenset(
+    {Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.UPDATE_POD_SANDBOX_RESOURCES}
+)
 # Statuses after which the runtime may have carried the call out or not: the connection
 # broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
 # did not classify, after cleaning up: a failure.)
@@ -310,7 +313,7 @@ class Pipeline:
                 else pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
             )
             call.container = container_view_from_config("", call.pod, req.config)
-        elif call.event in (Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX):
+        elif call.event in _POD_ID_EVENTS:
             call.pod_record = store.pod(req.pod_sandbox_id)
             call.pod = (
                 call.pod_record.view
@@ -417,6 +420,7 @@ class Pipeline:
                 labels=Field.LABEL in changed,
                 annotations=Field.ANNOTATION in changed,
                 resources=not changed.isdisjoint(RESOURCE_FIELDS),
+                cdi_devices=Field.CDI_DEVICE in changed,
             )
             self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
         elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
@@ -425,6 +429,12 @@ class Pipeline:
             record.view = replace(record.view, resources=res)
             record.audit.update(audit)
             self.store.put_container(record)
+        elif event is Event.UPDATE_POD_SANDBOX_RESOURCES and call.pod_record is not None:
+            pod_record = call.pod_record
+            res = resources_view(req.resources, call.pod.qos_class)
+            pod_record.view = replace(pod_record.view, resources=res)
+            pod_record.audit.update(audit)
+            self.store.put_pod(pod_record)
         elif event is Event.START_CONTAINER:
             self.store.set_state(req.container_id, ContainerState.RUNNING)
         elif event is Event.STOP_CONTAINER:

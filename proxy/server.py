@@ -7,6 +7,7 @@ generic handler and forwarded too, never answered UNIMPLEMENTED by crihook itsel
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -15,6 +16,7 @@ import grpc.aio
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
 from crihook.proxy.passthrough import (
+    Observer,
     Readiness,
     stream_stream_handler,
     unary_handler,
@@ -69,7 +71,10 @@ def build_server(
     pipeline: Pipeline,
     readiness: Readiness,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    observers: Mapping[str, Observer] | None = None,
 ) -> grpc.aio.Server:
+    """`observers`: method name (`RestorePod`) → told the runtime's answer to a forwarded
+    call that succeeded; the bytes pass unchanged."""
     server = grpc.aio.server(options=server_options(max_message_bytes))
     intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
@@ -82,7 +87,8 @@ def build_server(
         elif method.server_streaming:
             handler = unary_stream_handler(runtime, method.path, image, readiness)
         else:
-            handler = unary_handler(runtime, method.path, image, readiness)
+            observer = (observers or {}).get(method.name)
+            handler = unary_handler(runtime, method.path, image, readiness, observer)
         by_service.setdefault(method.service, {})[method.name] = handler
     for service, handlers in by_service.items():
         server.add_registered_method_handlers(service, handlers)

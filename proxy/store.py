@@ -640,6 +640,24 @@ class Store:
                 api_pb2.ListPodSandboxResponse,
             )
             sandboxes = [s for s in every.items if s.id and s.metadata.uid == pod_uid]
+        return await self._learn(runtime, sandboxes)
+
+    async def reconcile_sandbox(
+        self, runtime: RuntimeClient, sandbox_id: str
+    ) -> tuple[list[PodRecord], list[ContainerRecord]]:
+        """As `reconcile_pod`, for one sandbox by id (a pod the runtime restored)."""
+        listed = await _call(
+            runtime,
+            "ListPodSandbox",
+            api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id)),
+            api_pb2.ListPodSandboxResponse,
+        )
+        return await self._learn(runtime, [s for s in listed.items if s.id == sandbox_id])
+
+    async def _learn(
+        self, runtime: RuntimeClient, sandboxes: list[Any]
+    ) -> tuple[list[PodRecord], list[ContainerRecord]]:
+        """Records for these sandboxes and their containers, where the store lacks them."""
         pods: list[PodRecord] = []
         containers: list[ContainerRecord] = []
         for sandbox in sandboxes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
@@ -37,6 +37,8 @@ __all__ = ["RuntimeView", "Synchronizer"]
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT_SECONDS = 30.0
+Found = tuple[list[PodRecord], list[ContainerRecord]]
+"""What a reconcile of some pods added to the store: their new pod and container records."""
 RECONCILE_DELAY_SECONDS = 1.0
 """After a call with an unknown outcome: the runtime may need a moment to come back."""
 _QUERY_TIMEOUT = 10.0
@@ -158,48 +160,68 @@ class Synchronizer:
     def reconcile_soon(self, pod: PodView) -> None:
         """After a call with an unknown outcome for `pod`: learn what the runtime kept, then
         let every hook confirm or release what it reserved for the call."""
-        key = pod.uid or pod.id or "?"
+        label = f"pod {pod.namespace}/{pod.name}"
+
+        async def find() -> Found:
+            if not pod.uid:
+                return [], []
+            return await self.store.reconcile_pod(self._runtime_client, pod.uid)
+
+        self._schedule(pod.uid or pod.id or "?", label, find, "reconcile", "kept")
+
+    def restored(self, sandbox_id: str) -> None:
+        """After the runtime restored a pod from a checkpoint (RestorePod): its sandbox and
+        containers came back without a CreateContainer. Learn them, and let every hook place
+        and count them."""
+
+        async def find() -> Found:
+            return await self.store.reconcile_sandbox(self._runtime_client, sandbox_id)
+
+        label = f"restored sandbox {sandbox_id[:12]}"
+        self._schedule(sandbox_id, label, find, "restore", "restored")
+
+    def _schedule(
+        self, key: str, label: str, find: Callable[[], Awaitable[Found]], reason: str, verb: str
+    ) -> None:
         if key in self._pending:
             return
         self._pending.add(key)
         task = asyncio.get_running_loop().create_task(
-            self._reconcile(pod, key), name=f"crihook-reconcile-{key[:12]}"
+            self._reconcile(key, label, find, reason, verb), name=f"crihook-{reason}-{key[:12]}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reconcile(self, pod: PodView, key: str) -> None:
+    async def _reconcile(
+        self,
+        key: str,
+        label: str,
+        find: Callable[[], Awaitable[Found]],
+        reason: str,
+        verb: str,
+    ) -> None:
         """Retried until the runtime answers (with backoff up to 5 s): a reservation kept for
         a call with an unknown outcome is released only by this."""
-        delay = RECONCILE_DELAY_SECONDS
+        delay = RECONCILE_DELAY_SECONDS if reason == "reconcile" else 0.0
         attempt = 0
         try:
             while True:
                 await asyncio.sleep(delay)
                 try:
-                    found: tuple[list[PodRecord], list[ContainerRecord]] = ([], [])
-                    if pod.uid:
-                        found = await self.store.reconcile_pod(self._runtime_client, pod.uid)
+                    pods, containers = await find()
                     async with self.quiesced():  # no reservation in flight meanwhile
-                        await self.synchronize("reconcile")
+                        await self.synchronize(reason)
                     break
                 except grpc.aio.AioRpcError as exc:
                     attempt += 1
                     if attempt in (1, 10) or attempt % 60 == 0:
-                        log.warning(
-                            "reconciling pod %s/%s waits for the runtime: %s",
-                            pod.namespace,
-                            pod.name,
-                            exc.code().name,
-                        )
-                    delay = min(delay * 2, 5.0)
-            pods, containers = found
+                        log.warning("%s waits for the runtime: %s", label, exc.code().name)
+                    delay = min(max(delay, RECONCILE_DELAY_SECONDS) * 2, 5.0)
             if pods or containers:
                 log.info(
-                    "pod %s/%s: the runtime kept %d sandbox(es) and %d container(s) crihook "
-                    "did not know of",
-                    pod.namespace,
-                    pod.name,
+                    "%s: the runtime %s %d sandbox(es) and %d container(s) crihook did not know of",
+                    label,
+                    verb,
                     len(pods),
                     len(containers),
                 )

@@ -229,5 +229,6 @@ _REQUIRED: Mapping[Event, Callable[[Any], str | None]] = MappingProxyType(
         Event.REMOVE_CONTAINER: _container_id,
         Event.STOP_POD_SANDBOX: _pod_sandbox_id,
         Event.REMOVE_POD_SANDBOX: _pod_sandbox_id,
+        Event.UPDATE_POD_SANDBOX_RESOURCES: _pod_sandbox_id,
     }
 )

@@ -8,6 +8,7 @@ shared pool for every other container, kept consistent as containers come and go
                      post: the reservation confirmed under the container's id
                      failed: the reservation released
     UpdateContainerResources  pre: the cpuset crihook set is kept (kubelet re-sends resources)
+                     (and, once per pod, the pod cgroup's CFS quota lifted, as kubelet does)
     StopContainer / RemoveContainer  post: the CPUs given back, the shared pool grows
     RunPodSandbox    (`pod` topology scope) the pod's bubble, reserved like a container's CPUs
     RemovePodSandbox post: everything of the pod given back
@@ -18,6 +19,7 @@ exempt container must not run on another pod's exclusive CPUs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,7 +30,7 @@ from crihook.hooks.cpuset.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpuset.reconcile import desired_cpus, reconcile
 from crihook.hooks.cpuset.rules import bubble_cpus, exclusive_cpus, slice_cpus
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import Host, Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import (
     Adjustment,
     ContainerState,
@@ -44,6 +46,7 @@ from crihook.hooks.spec import (
     SyncContext,
     TopologyHint,
 )
+from crihook.hooks.spec.views import cpu_request_milli_from_shares
 
 __all__ = ["CpusetHook"]
 
@@ -58,6 +61,9 @@ class CpusetHook(Hook):
         self.config: CpusetOptions = parse_options(self.options)
         self._pool: CpuPool | None = None
         self._runtime: RuntimeQueries | None = None
+        self._host: Host | None = None
+        self._unlimited: set[str] = set()
+        """Pods whose cgroup's CFS quota crihook lifted."""
         self._scope = "container"
         self._finished: dict[str, Mapping[str, bool]] = {}
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
@@ -67,8 +73,14 @@ class CpusetHook(Hook):
         if self._pool is None:
             self._pool = _new_pool(sync.node, self.config, sync)
         self._runtime = sync.runtime
+        self._host = sync.host
         self._scope = sync.topology_scope
-        updates = reconcile(self._pool, sync.pods, sync.containers, sync.container_states)
+        # At start a running container keeps what it has, or shares; later (a restored pod)
+        # one whose exclusive CPUs are taken meanwhile is given free ones.
+        place = self._place_adopted if sync.reason != "start" else None
+        updates = reconcile(
+            self._pool, sync.pods, sync.containers, sync.container_states, place=place
+        )
         pool = self._pool
         log.info(
             "cpuset: %d container(s), %d exclusive; shared pool %s, reserved %s",
@@ -183,7 +195,10 @@ class CpusetHook(Hook):
         cid: str = ctx.response.container_id  # type: ignore[attr-defined]
         pool = self.pool
         key = reservation_key(ctx.pod.id, container.name, container.attempt)
-        if pool.confirm(key, cid) is not None:
+        confirmed = pool.confirm(key, cid)
+        if confirmed is not None:
+            if confirmed.cpus and self.config.disable_cfs_quota:
+                await self._unlimit_pod_quota(ctx.pod)
             return None
         # A shared container: recorded now (nothing was reserved for it). If the pool changed
         # since its pre stage, it follows.
@@ -210,6 +225,8 @@ class CpusetHook(Hook):
         want = desired_cpus(self.pool, container.id)
         if holder is None or want is None:
             return None
+        if holder.cpus:
+            _refuse_cpu_resize(holder, ctx.request.linux, container)  # type: ignore[attr-defined]
         adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want))
         if holder.cpus and self.config.disable_cfs_quota:
             adjustment.set_cpu_quota(-1)
@@ -230,15 +247,52 @@ class CpusetHook(Hook):
             return None
         return self._gave_back(holder, self.pool.release(cid))
 
+    async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
+        """A pod-level resize of a pod with a bubble: its CPUs stay as they are (kubelet's
+        pod-level resource managers do not resize a pod's exclusive resources)."""
+        bubble = self.pool.bubble_of(ctx.pod.id)
+        resources = ctx.request.resources  # type: ignore[attr-defined]
+        if bubble is None or not ctx.request.HasField("resources"):
+            return None
+        milli = cpu_request_milli_from_shares(resources.cpu_shares)
+        if milli is not None and milli != len(bubble.cpus) * 1000:
+            raise Reject(
+                f"pod {_pod(ctx.pod)} holds {len(bubble.cpus)} CPUs of its own (pod topology "
+                f"scope): resizing its CPU budget to {milli}m is infeasible"
+            )
+        return None
+
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         pool = self.pool
         freed: set[int] = set()
         for key, _ in list(pool.pod_holders(ctx.pod.id)):
             freed |= pool.release(key)
         freed |= pool.drop_bubble(ctx.pod.id)
+        self._unlimited.discard(ctx.pod.id)
         return self._shared_updates(None) if freed else None
 
     # --- helpers -----------------------------------------------------------------------------
+    async def _unlimit_pod_quota(self, pod: PodView) -> None:
+        """kubelet lifts the CFS quota of a pod with exclusive CPUs, its own cgroup too, so
+        the pod's quota does not throttle them. Once per pod; a failure is logged."""
+        if self._host is None or pod.id in self._unlimited or not pod.cgroup_parent:
+            return
+        try:
+            done = await asyncio.to_thread(self._host.unlimit_cpu_quota, pod.cgroup_parent)
+        except (OSError, ValueError) as exc:
+            log.warning("cpuset: pod %s keeps its CFS quota: %s", _pod(pod), exc)
+            return
+        if done:
+            self._unlimited.add(pod.id)
+
+    def _place_adopted(self, count: int) -> frozenset[int] | None:
+        try:
+            cpus = self._take(self.pool.free(), count, None, "an adopted container")
+            self._keep_node_shared_pool(cpus, "an adopted container")
+        except Reject:
+            return None
+        return cpus
+
     def _gave_back(self, holder: Holder, freed: frozenset[int]) -> Adjustment | None:
         """Updates for the shared pool that grew when `holder` gave its CPUs back."""
         if holder.in_bubble:  # its slice returns to its pod's shared pool
@@ -317,6 +371,21 @@ def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPo
     if dropped:
         log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))
     return pool
+
+
+def _refuse_cpu_resize(holder: Holder, linux: object, container: ContainerView) -> None:
+    """kubelet's rule: with the static policy a Guaranteed container's CPUs are not resized
+    in place (InPlacePodVerticalScalingExclusiveCPUs is off by default): the resize is
+    refused, and kubelet reports it infeasible. kubelet re-sending the same resources (its
+    reconcile, a restart) is no resize."""
+    milli = cpu_request_milli_from_shares(getattr(linux, "cpu_shares", 0))
+    if milli is None or milli == len(holder.cpus) * 1000:
+        return
+    raise Reject(
+        f"resize of container {container.name!r} to {milli}m CPU is infeasible: it holds "
+        f"{len(holder.cpus)} exclusive CPUs (kubelet's static policy does not resize "
+        "Guaranteed containers in place)"
+    )
 
 
 def _container(ctx: HookContext) -> ContainerView:

@@ -6,7 +6,9 @@
 - bubbles of pods that are gone are dropped, pending ones confirmed or dropped likewise;
 - containers the pool does not know are adopted: one of a Guaranteed pod that runs on
   exactly its whole-CPU request of free CPUs keeps them (what kubelet's static manager gave it
-  before crihook was put in front); any other joins the shared pool;
+  before crihook was put in front); after start (a pod the runtime restored, or kept after a
+  call crihook did not see end), one whose CPUs are taken gets free ones (`place`), or runs on
+  the shared pool, logged, when none are left; any other joins the shared pool;
 - two pods never hold the same CPU: if the state says so (it was edited, or is corrupt), the
   pod seen later loses them and runs on the shared pool, logged; so does a container holding
   CPUs that are now reserved or offline;
@@ -17,7 +19,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
@@ -43,8 +45,11 @@ def reconcile(
     pods: Sequence[PodView],
     containers: Sequence[ContainerView],
     states: Mapping[str, ContainerState],
+    *,
+    place: Callable[[int], frozenset[int] | None] | None = None,
 ) -> list[ContainerUpdate]:
-    """Bring the pool in line with the runtime; the repairs to send."""
+    """Bring the pool in line with the runtime; the repairs to send. `place(count)`: free
+    CPUs for an adopted exclusive container whose own are taken (None: none left)."""
     live = {c.id: c for c in containers}
     pods_by_id = {p.id: p for p in pods}
     for cid in [cid for cid in pool.containers if cid not in live]:
@@ -60,7 +65,7 @@ def reconcile(
     _reconcile_bubbles(pool, pods)
     for container in containers:
         if container.id not in pool.containers:
-            _adopt(pool, container, states.get(container.id, ContainerState.UNKNOWN))
+            _adopt(pool, container, states.get(container.id, ContainerState.UNKNOWN), place)
     _split_overlaps(pool)
     updates = []
     for container in containers:
@@ -109,7 +114,12 @@ def _reconcile_bubbles(pool: CpuPool, pods: Sequence[PodView]) -> None:
             pool.drop_bubble(key)
 
 
-def _adopt(pool: CpuPool, container: ContainerView, state: ContainerState) -> None:
+def _adopt(
+    pool: CpuPool,
+    container: ContainerView,
+    state: ContainerState,
+    place: Callable[[int], frozenset[int] | None] | None,
+) -> None:
     stopped = state not in _LIVE
     holder = Holder(
         pod=container.pod_id,
@@ -121,13 +131,31 @@ def _adopt(pool: CpuPool, container: ContainerView, state: ContainerState) -> No
     )
     want = exclusive_cpus(container)
     have = parse_cpu_list(container.resources.cpuset_cpus)
-    if not stopped and not holder.in_bubble and want and len(have) == want and have <= pool.free():
-        holder = replace(holder, cpus=have)
-        log.info(
-            "cpuset: adopted container %s with its exclusive cpus %s",
-            container.id[:12],
-            format_cpu_list(have),
-        )
+    if not stopped and not holder.in_bubble and want:
+        if len(have) == want and have <= pool.free():
+            holder = replace(holder, cpus=have)
+            log.info(
+                "cpuset: adopted container %s with its exclusive cpus %s",
+                container.id[:12],
+                format_cpu_list(have),
+            )
+        elif place is not None:
+            cpus = place(want)
+            if cpus:
+                holder = replace(holder, cpus=cpus)
+                log.warning(
+                    "cpuset: container %s ran on cpus %s that are not free; re-placed on %s",
+                    container.id[:12],
+                    format_cpu_list(have) or "all",
+                    format_cpu_list(cpus),
+                )
+            else:
+                log.error(
+                    "cpuset: container %s needs %d exclusive cpus and none are free; it runs "
+                    "on the shared pool",
+                    container.id[:12],
+                    want,
+                )
     pool.record(container.id, holder)
 
 

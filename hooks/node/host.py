@@ -56,6 +56,11 @@ class Host(Protocol):
         """A process's oom_score_adj; ProcessLookupError when it is gone."""
         ...
 
+    def unlimit_cpu_quota(self, cgroup_parent: str) -> bool:
+        """Lift the CFS quota of a pod's cgroup (kubelet does so for a pod with exclusive
+        CPUs). False when the cgroup does not exist (yet, or any more)."""
+        ...
+
 
 def expand_slice(slice_name: str) -> str:
     """The path of a systemd slice below the cgroup root: ``a-b.slice`` → ``a.slice/a-b.slice``.
@@ -135,6 +140,31 @@ class LinuxHost:
         except ValueError:
             raise OSError(errno.EINVAL, f"malformed oom_score_adj {text!r} in {path}") from None
 
+    def unlimit_cpu_quota(self, cgroup_parent: str) -> bool:
+        relative = self._pod_cgroup(cgroup_parent)
+        if (self.cgroup_root / "cgroup.controllers").is_file():  # v2: "max <period>"
+            path = self.cgroup_root / relative / "cpu.max"
+            try:
+                period = path.read_text().split()[1]
+            except FileNotFoundError:
+                return False
+            except (OSError, IndexError) as exc:
+                raise OSError(errno.EINVAL, f"cannot read {path}: {exc}") from None
+            return _write_existing(path, f"max {period}")
+        for top in ("cpu,cpuacct", "cpu"):
+            path = self.cgroup_root / top / relative / "cpu.cfs_quota_us"
+            if path.is_file():
+                return _write_existing(path, "-1")
+        return False
+
+    def _pod_cgroup(self, cgroup_parent: str) -> str:
+        parent = cgroup_parent.strip("/")
+        if not parent or ".." in parent.split("/"):
+            raise ValueError(f"not a pod cgroup parent: {cgroup_parent!r}")
+        if parent.endswith(".slice") and "/" not in parent:
+            return expand_slice(parent).lstrip("/")
+        return parent
+
     def _hierarchies(self) -> list[Path]:
         # cgroup v2 (unified at the root): one tree. Otherwise (v1 or hybrid) the v1
         # controllers, where runc places containers in hybrid mode too.
@@ -149,6 +179,23 @@ class LinuxHost:
             if "cgroup.procs" in files:
                 pids.update(_read_procs(Path(directory) / "cgroup.procs"))
         return sorted(pids)
+
+
+def _write_existing(path: Path, value: str) -> bool:
+    try:
+        # Never create: cgroupfs files exist or not. O_TRUNC: a no-op there, exact on fakes.
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise _with_path(exc, "cannot open", path) from exc
+    try:
+        os.write(fd, value.encode())
+    except OSError as exc:
+        raise _with_path(exc, f"cannot write {value!r} to", path) from exc
+    finally:
+        os.close(fd)
+    return True
 
 
 def _read_procs(path: Path) -> list[int]:

@@ -280,8 +280,28 @@ class NumaHook(Hook):
 
     # --- UpdateContainerResources: what crihook set stays -------------------------------------
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
-        want = self._mems_of(_container(ctx).id)
-        return None if want is None else Adjustment().set_cpuset_mems(format_cpu_list(want))
+        container = _container(ctx)
+        want = self._mems_of(container.id)
+        if want is None:
+            return None
+        self._refuse_memory_resize(container, ctx.request.linux)  # type: ignore[attr-defined]
+        return Adjustment().set_cpuset_mems(format_cpu_list(want))
+
+    def _refuse_memory_resize(self, container: ContainerView, linux: object) -> None:
+        """kubelet's rule: memory the memory manager placed is not resized in place
+        (InPlacePodVerticalScalingExclusiveMemory is off by default): refused."""
+        limit = getattr(linux, "memory_limit_in_bytes", 0)
+        ref = self._owners.get(container.id)
+        if not limit or ref is None or self._memory is None:
+            return
+        blocks = self._memory.blocks(ContainerRef(*ref)) or []
+        held = sum(b.size for b in blocks if b.resource == MEMORY)
+        if held and limit != held:
+            raise Reject(
+                f"resize of container {container.name!r} to {limit} bytes of memory is "
+                f"infeasible: {held} bytes are placed on NUMA nodes for it (kubelet's "
+                "memory manager does not resize Guaranteed containers in place)"
+            )
 
     # --- giving memory back ------------------------------------------------------------------
     async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:

@@ -197,6 +197,7 @@ def container_to_proto(view: ContainerView) -> hook_pb2.Container:
         annotations=view.annotations,
         kind=view.kind.value,
         resources=resources_to_proto(view.resources),
+        cdi_devices=view.cdi_devices,
     )
 
 
@@ -206,6 +207,8 @@ def container_from_proto(msg: hook_pb2.Container) -> ContainerView:
     _frozen_maps(fields, "labels", "annotations")
     if "resources" in fields:
         fields["resources"] = resources_from_proto(fields["resources"])
+    if "cdi_devices" in fields:
+        fields["cdi_devices"] = tuple(fields["cdi_devices"])
     return ContainerView(**{"id": "", "pod_id": "", "name": "", **fields})
 
 

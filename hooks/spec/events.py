@@ -37,6 +37,7 @@ class Event(enum.Enum):
     REMOVE_CONTAINER = "RemoveContainer"
     STOP_POD_SANDBOX = "StopPodSandbox"
     REMOVE_POD_SANDBOX = "RemovePodSandbox"
+    UPDATE_POD_SANDBOX_RESOURCES = "UpdatePodSandboxResources"
 
     # Members are singletons: identity hashing is exact, and several times cheaper than
     # Enum's hash-by-name on the chain's per-call (event, stage) lookups.
@@ -65,9 +66,17 @@ _SNAKE = {
     Event.REMOVE_CONTAINER: "remove_container",
     Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
     Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
+    Event.UPDATE_POD_SANDBOX_RESOURCES: "update_pod_sandbox_resources",
 }
 
-POD_EVENTS = frozenset({Event.RUN_POD_SANDBOX, Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX})
+POD_EVENTS = frozenset(
+    {
+        Event.RUN_POD_SANDBOX,
+        Event.STOP_POD_SANDBOX,
+        Event.REMOVE_POD_SANDBOX,
+        Event.UPDATE_POD_SANDBOX_RESOURCES,
+    }
+)
 CONTAINER_EVENTS = frozenset(set(Event) - POD_EVENTS)
 
 

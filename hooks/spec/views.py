@@ -177,6 +177,9 @@ class ContainerView:
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     kind: ContainerKind = ContainerKind.UNKNOWN
     resources: ResourcesView = field(default_factory=ResourcesView)
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI device names the container asks for (`vendor.com/class=name`):
+    DRA's devices reach the runtime this way."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,6 +192,7 @@ class ContainerView:
             "annotations": dict(self.annotations),
             "kind": self.kind.value,
             "resources": self.resources.to_dict(),
+            "cdi_devices": list(self.cdi_devices),
         }
 
     @classmethod
@@ -203,6 +207,7 @@ class ContainerView:
             annotations=_ro(doc.get("annotations")),
             kind=ContainerKind(doc.get("kind", "unknown")),
             resources=ResourcesView.from_dict(doc.get("resources", {})),
+            cdi_devices=tuple(doc.get("cdi_devices", ())),
         )
 
 
@@ -320,6 +325,7 @@ def container_view_from_config(
         annotations=_ro(config.annotations),
         kind=container_kind(pod, config.metadata.name),
         resources=resources_view(linux, pod.qos_class),
+        cdi_devices=tuple(d.name for d in config.CDI_devices),
     )
 
 
@@ -331,6 +337,7 @@ def container_view_updated(
     labels: bool,
     annotations: bool,
     resources: bool,
+    cdi_devices: bool = False,
 ) -> ContainerView:
     """`view`, made from `config` before hooks adjusted it, with its id set and the parts
     hooks changed decoded again: what container_view_from_config(container_id, pod, config)
@@ -343,4 +350,6 @@ def container_view_updated(
     if resources:
         linux = config.linux.resources if config.linux.HasField("resources") else None
         changes["resources"] = resources_view(linux, view.resources.qos_class)
+    if cdi_devices:
+        changes["cdi_devices"] = tuple(d.name for d in config.CDI_devices)
     return replace(view, **changes)

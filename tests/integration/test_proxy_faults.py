@@ -296,6 +296,7 @@ def test_non_socket_file_at_listen_path_is_refused(fake: FakeRuntime) -> None:
         ("", ["--hooks", "cpusett"], "--hooks:"),
         ("", ["--log-level", "loud"], "--log-level"),
         ("", ["--state-dir", "rel/dir"], "--state-dir:"),
+        ("", ["--sysfs-root", "/nonexistent-sysfs"], "/nonexistent-sysfs/devices/system/cpu"),
     ],
     ids=[
         "listen",
@@ -312,6 +313,7 @@ def test_non_socket_file_at_listen_path_is_refused(fake: FakeRuntime) -> None:
         "hooks-flag",
         "log-level-flag",
         "state-dir-flag",
+        "sysfs-root-unreadable",
     ],
 )
 def test_bad_config_is_one_line_naming_the_setting_and_exit_2(

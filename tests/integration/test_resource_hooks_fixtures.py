@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpuset import take_cpus
-from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
@@ -368,3 +370,109 @@ def test_a_call_with_an_unknown_outcome_keeps_its_cpus_until_the_runtime_says(
         10,
         "the lost reservation released",
     )
+
+
+# --- restore ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_a_restored_pod_is_known_placed_and_counted(fixture_node: Node) -> None:
+    """RestorePod brings a pod and its containers back without any CreateContainer. crihook
+    learns them from the runtime; the cpuset hook counts them, and a restored container whose
+    exclusive CPUs another container took meanwhile gets free ones: never an overlap."""
+    node = fixture_node
+    _, holder = node.pod("holder", 4)
+    taken = node.cpus(holder)
+    app = ContainerSpec("app", cpu_request=4000, cpu_limit=4000)
+    app.memory_request = app.memory_limit = GIB
+    spec = PodSpec(name="restored", containers=[app])
+    config = container_config(spec, app, node_memory=NODE_MEMORY)
+    config.linux.resources.cpuset_cpus = format_cpu_list(taken)  # as checkpointed
+    request = api_pb2.RestorePodRequest(
+        path="/var/lib/checkpoints/pod", config=sandbox_config(spec), container_configs=[config]
+    )
+    sandbox = node.stub.RestorePod(request, timeout=10).pod_sandbox_id
+    (restored,) = [c for c in node.runtime.containers.values() if c.pod_id == sandbox]
+
+    def placed() -> bool:
+        state = node.hook_state("cpuset")
+        held = state.get(f"c:{restored.id}")
+        return held is not None and bool(held["cpus"])
+
+    wait_for(placed, 10, "the restored container placed")
+    cpus = parse_cpu_list(node.hook_state("cpuset")[f"c:{restored.id}"]["cpus"])
+    assert len(cpus) == 4 and not cpus & taken
+    # The runtime was told: the container now runs on its new CPUs.
+    wait_for(lambda: node.cpus(restored.id) == cpus, 5, "the restored container moved")
+    # And counted: the next pod does not get them either.
+    _, after = node.pod("after", 4)
+    assert not node.cpus(after) & (cpus | taken)
+    state = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "crihook",
+                "state",
+                "--state-dir",
+                str(node.proc.state_dir),
+                "--json",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    assert sandbox in state["pods"]
+
+
+# --- resize -----------------------------------------------------------------------------------
+
+POD_SCOPE = '[node]\ntopology_scope = "pod"\n'
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, POD_SCOPE, id="pod-scope")], indirect=True
+)
+def test_resizes_of_exclusive_cpus_are_refused_and_reverts_pass(fixture_node: Node) -> None:
+    """kubelet's rules: with exclusive CPUs (a container's, a pod bubble's) a resize is
+    infeasible; it never reaches the runtime. kubelet's revert goes through."""
+    node = fixture_node
+    _, cid = node.pod("g", 4)
+    held = node.cpus(cid)
+
+    def update(milli: int) -> None:
+        linux = api_pb2.LinuxContainerResources(
+            cpu_shares=milli * 1024 // 1000, cpu_quota=milli * 100, cpu_period=100_000
+        )
+        node.stub.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(container_id=cid, linux=linux), timeout=10
+        )
+
+    with pytest.raises(grpc.RpcError) as info:
+        update(6000)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "infeasible" in info.value.details()
+    assert not node.runtime.calls("UpdateContainerResources")
+    update(4000)  # the revert
+    assert node.cpus(cid) == held and node.runtime.containers[cid].resources.cpu_quota == -1
+
+    # A Guaranteed pod with a pod-level budget gets a bubble; its pod-level resize is refused.
+    app = ContainerSpec("app", cpu_request=2000, cpu_limit=2000)
+    app.memory_request = app.memory_limit = GIB
+    spec = PodSpec(name="bubble", containers=[app])
+    sandbox = node.run_pod(spec)
+    grow = api_pb2.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sandbox, resources=api_pb2.LinuxContainerResources(cpu_shares=4096)
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        node.stub.UpdatePodSandboxResources(grow, timeout=10)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not node.runtime.calls("UpdatePodSandboxResources")
+    same = api_pb2.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sandbox, resources=api_pb2.LinuxContainerResources(cpu_shares=2048)
+    )
+    node.stub.UpdatePodSandboxResources(same, timeout=10)
+    assert len(node.runtime.calls("UpdatePodSandboxResources")) == 1

@@ -69,6 +69,7 @@ class MemoryRuntime(FakeRuntime):
             "ListContainers": self._list_containers,
             "UpdateContainerResources": self._update,
             "ImageStatus": self._image_status,
+            "RestorePod": self._restore_pod,
         }
         for name, handler in handlers.items():
             self.script[name] = self._wrap(name, handler)
@@ -124,6 +125,21 @@ class MemoryRuntime(FakeRuntime):
         pod = StoredPod(self._new_id(), request.config)
         self.pods[pod.id] = pod
         return api_pb2.RunPodSandboxResponse(pod_sandbox_id=pod.id).SerializeToString()
+
+    def _restore_pod(self, raw: bytes) -> bytes:
+        """A pod back from a checkpoint: its sandbox and running containers, made from the
+        configs in the request (their resources as the checkpoint had them)."""
+        request = api_pb2.RestorePodRequest.FromString(raw)
+        pod = StoredPod(self._new_id(), request.config)
+        self.pods[pod.id] = pod
+        for config in request.container_configs:
+            resources = api_pb2.LinuxContainerResources()
+            resources.CopyFrom(config.linux.resources)
+            container = StoredContainer(
+                self._new_id(), pod.id, config, resources, state=api_pb2.CONTAINER_RUNNING
+            )
+            self.containers[container.id] = container
+        return api_pb2.RestorePodResponse(pod_sandbox_id=pod.id).SerializeToString()
 
     def _stop_pod(self, raw: bytes) -> bytes:
         request = api_pb2.StopPodSandboxRequest.FromString(raw)

@@ -128,6 +128,7 @@ class FakeHost:
         self.scores: dict[int, int] = {}
         self.looked_up: list[tuple[str, str]] = []
         self.writes: list[tuple[int, int]] = []
+        self.unlimited: list[str] = []
 
     def container_pids(self, cgroup_parent: str, container_id: str) -> list[int]:
         self.looked_up.append((cgroup_parent, container_id))
@@ -139,6 +140,10 @@ class FakeHost:
 
     def read_oom_score_adj(self, pid: int) -> int:
         return self.scores[pid]
+
+    def unlimit_cpu_quota(self, cgroup_parent: str) -> bool:
+        self.unlimited.append(cgroup_parent)
+        return True
 
 
 # --- the node ---------------------------------------------------------------------------------

@@ -281,6 +281,28 @@ async def test_reserved_cpus_stay_shared_and_are_never_handed_out() -> None:
         await node.create(g, guaranteed("app", 1000), "g4")
 
 
+@pytest.mark.parametrize(
+    ("options", "containers", "unlimited"),
+    [
+        ({}, [("g1", 2000), ("g2", 1000)], 1),
+        ({}, [("b", None)], 0),
+        ({"disable_cfs_quota": False}, [("g1", 2000)], 0),
+    ],
+    ids=["exclusive-once-per-pod", "shared-keeps-it", "quota-kept-by-option"],
+)
+async def test_the_pod_cgroup_quota_is_lifted_for_exclusive_cpus(
+    options: dict[str, Any], containers: list[tuple[str, int | None]], unlimited: int
+) -> None:
+    """kubelet (DisableCPUQuotaWithExclusiveCPUs) lifts the CFS quota of a pod holding
+    exclusive CPUs, its own cgroup's too: through the Host seam, once per pod."""
+    node = await start(options)
+    specs = [guaranteed(n, m) if m else burstable(n) for n, m in containers]
+    p = await pod(node, "g", *specs)
+    for i, spec in enumerate(specs):
+        await node.create(p, spec, f"c{i}")
+    assert node.host.unlimited == [p.cgroup_parent] * unlimited
+
+
 # --- reservation, confirmation, release ---------------------------------------------------------
 
 
@@ -969,3 +991,41 @@ def test_who_gets_exclusive_cpus_and_slices(
 @pytest.mark.parametrize("spec", [SMALL, OFFLINE_CPUS], ids=["small", "offline-cpus"])
 def test_the_harness_topology_is_what_sysfs_gives(spec: MachineSpec, tmp_path: Path) -> None:
     assert topology_of(spec) == Topology.from_sysfs(write_sysfs(tmp_path / "sys", spec))
+
+
+# --- resize -------------------------------------------------------------------------------------
+
+
+def resources_for(milli: int, memory: int = GIB) -> api_pb2.LinuxContainerResources:
+    """What kubelet sends in UpdateContainerResources for a Guaranteed container."""
+    return api_pb2.LinuxContainerResources(
+        cpu_shares=milli * 1024 // 1000,
+        cpu_quota=milli * 100,
+        cpu_period=100_000,
+        memory_limit_in_bytes=memory,
+    )
+
+
+async def test_a_cpu_resize_of_an_exclusive_container_is_refused_and_a_revert_passes() -> None:
+    """kubelet's rule (InPlacePodVerticalScalingExclusiveCPUs off): the CPUs of a Guaranteed
+    container are not resized in place. kubelet's revert after the failed update, and its
+    reconcile re-sending the same values, go through and keep the CPUs."""
+    node = await start()
+    g = await pod(node, "g", guaranteed("app", 2000))
+    created = await node.create(g, guaranteed("app", 2000), "c1")
+    held = cpuset(created.pre)
+    with pytest.raises(Reject, match="resize of container 'app' to 4000m CPU is infeasible"):
+        await node.update("c1", resources_for(4000))
+    pre, _, request = await node.update("c1", resources_for(2000))  # the revert
+    assert cpuset(pre) == held and request.linux.cpu_quota == -1
+    assert pool_of(node).containers["c1"].cpus == held
+
+
+async def test_a_shared_container_resizes_freely() -> None:
+    node = await start()
+    b = await pod(node, "b", burstable("app", 500))
+    await node.create(b, burstable("app", 500), "c1")
+    pre, _, request = await node.update(
+        "c1", api_pb2.LinuxContainerResources(cpu_shares=2048, cpu_period=100_000)
+    )
+    assert cpuset(pre) == ONLINE and request.linux.cpu_shares == 2048

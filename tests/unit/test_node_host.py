@@ -337,3 +337,67 @@ def test_real_negative_score_needs_cap_sys_resource() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# --- a pod's CFS quota ------------------------------------------------------------------------
+
+POD_PATH = f"kubepods/burstable/pod{UID}"
+SYSTEMD_POD_PATH = (
+    f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_SYSTEMD}.slice"
+)
+
+
+@pytest.mark.parametrize(
+    ("hierarchy", "parent", "relative"),
+    [
+        ("cpu,cpuacct", CGROUPFS_PARENT, POD_PATH),
+        ("cpu", CGROUPFS_PARENT, POD_PATH),
+        ("cpu,cpuacct", SYSTEMD_PARENT, SYSTEMD_POD_PATH),
+    ],
+    ids=["v1-cpu-cpuacct", "v1-cpu", "v1-systemd"],
+)
+def test_v1_pod_quota_lifted(tmp_path: Path, hierarchy: str, parent: str, relative: str) -> None:
+    pod = tmp_path / hierarchy / relative
+    pod.mkdir(parents=True)
+    (pod / "cpu.cfs_quota_us").write_text("250000\n")
+    assert LinuxHost(cgroup_root=tmp_path).unlimit_cpu_quota(parent) is True
+    assert (pod / "cpu.cfs_quota_us").read_text() == "-1"
+
+
+def test_v2_pod_quota_lifted_keeping_the_period(tmp_path: Path) -> None:
+    root = _v2_root(tmp_path)
+    pod = root / POD_PATH
+    pod.mkdir(parents=True)
+    (pod / "cpu.max").write_text("250000 100000\n")
+    assert LinuxHost(cgroup_root=root).unlimit_cpu_quota(CGROUPFS_PARENT) is True
+    assert (pod / "cpu.max").read_text() == "max 100000"
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_missing_pod_cgroup_is_not_an_error(tmp_path: Path, v2: bool) -> None:
+    root = _v2_root(tmp_path) if v2 else tmp_path
+    assert LinuxHost(cgroup_root=root).unlimit_cpu_quota(CGROUPFS_PARENT) is False
+    assert not (root / POD_PATH).exists()  # nothing created
+
+
+@pytest.mark.parametrize("parent", ["", "/", "/kubepods/../etc"], ids=["empty", "root", "climbs"])
+def test_pod_quota_refuses_odd_parents(tmp_path: Path, parent: str) -> None:
+    with pytest.raises(ValueError, match="not a pod cgroup parent"):
+        LinuxHost(cgroup_root=tmp_path).unlimit_cpu_quota(parent)
+
+
+def test_real_pod_quota_lifted() -> None:
+    """In the real v1 cpu hierarchy: a pod cgroup with kubelet's quota gets none."""
+    cpu = Path("/sys/fs/cgroup/cpu,cpuacct")
+    if not cpu.is_dir():
+        cpu = Path("/sys/fs/cgroup/cpu")
+    parent = f"/crihook-test-{secrets.token_hex(4)}"
+    pod = cpu / parent.lstrip("/")
+    pod.mkdir()
+    try:
+        (pod / "cpu.cfs_quota_us").write_text("150000")
+        assert (pod / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        assert LinuxHost().unlimit_cpu_quota(parent) is True
+        assert (pod / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    finally:
+        pod.rmdir()

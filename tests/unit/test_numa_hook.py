@@ -579,3 +579,16 @@ def test_the_hook_module_exports_its_helpers() -> None:
         "parse_quantity",
         "parse_reserved_memory",
     }
+
+
+async def test_a_memory_resize_of_a_placed_container_is_refused_and_a_revert_passes() -> None:
+    """kubelet's rule (InPlacePodVerticalScalingExclusiveMemory off)."""
+    node = await start()
+    g = await pod(node, "g", guaranteed("app", 2000, 2 * GIB))
+    await node.create(g, guaranteed("app", 2000, 2 * GIB), "c1")
+    grow = api_pb2.LinuxContainerResources(cpu_shares=2048, memory_limit_in_bytes=4 * GIB)
+    with pytest.raises(Reject, match="infeasible"):
+        await node.update("c1", grow)
+    same = api_pb2.LinuxContainerResources(cpu_shares=2048, memory_limit_in_bytes=2 * GIB)
+    pre, _, _ = await node.update("c1", same)
+    assert pre is not None  # the sticky cpuset.mems

@@ -348,6 +348,10 @@ CONTAINER_VIEWS = [
     ("full", CONTAINER),
     ("pre-create-no-id", dataclasses.replace(CONTAINER, id="", kind=ContainerKind.UNKNOWN)),
     ("defaults", ContainerView(id="", pod_id="p", name="c")),
+    (
+        "cdi-devices",
+        dataclasses.replace(CONTAINER, cdi_devices=("nvidia.com/gpu=0", "vendor.com/net=a")),
+    ),
 ]
 
 

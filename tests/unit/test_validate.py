@@ -46,6 +46,9 @@ GOOD: dict[Event, Message] = {
     Event.REMOVE_CONTAINER: api_pb2.RemoveContainerRequest(container_id="c1"),
     Event.STOP_POD_SANDBOX: api_pb2.StopPodSandboxRequest(pod_sandbox_id="sb1"),
     Event.REMOVE_POD_SANDBOX: api_pb2.RemovePodSandboxRequest(pod_sandbox_id="sb1"),
+    Event.UPDATE_POD_SANDBOX_RESOURCES: api_pb2.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="sb1", resources=api_pb2.LinuxContainerResources(cpu_shares=2048)
+    ),
 }
 
 
@@ -153,6 +156,11 @@ def _create(**kw: object) -> api_pb2.CreateContainerRequest:
             api_pb2.RemovePodSandboxRequest(),
             "RemovePodSandboxRequest pod_sandbox_id is empty",
         ),
+        (
+            Event.UPDATE_POD_SANDBOX_RESOURCES,
+            api_pb2.UpdatePodSandboxResourcesRequest(),
+            "UpdatePodSandboxResourcesRequest pod_sandbox_id is empty",
+        ),
     ],
     ids=[
         "run-no-config",
@@ -169,6 +177,7 @@ def _create(**kw: object) -> api_pb2.CreateContainerRequest:
         "remove-no-id",
         "stop-pod-no-id",
         "remove-pod-no-id",
+        "resize-pod-no-id",
     ],
 )
 def test_an_incomplete_request_is_refused_naming_the_part(

@@ -18,6 +18,7 @@ from crihook.hooks.spec.views import (
     QoSClass,
     ResourcesView,
     container_view_from_config,
+    container_view_updated,
     cpu_request_milli_from_shares,
     pod_view_from_config,
     qos_from_cgroup_parent,
@@ -324,6 +325,21 @@ def test_container_view_from_config() -> None:
     assert view.kind is ContainerKind.UNKNOWN
     with pytest.raises(TypeError):
         view.labels["x"] = "y"  # type: ignore[index]
+
+
+def test_cdi_devices_are_in_the_view_in_order() -> None:
+    pod = pod_view_from_config("sb1", sandbox_config())
+    config = container_config()
+    config.CDI_devices.add(name="nvidia.com/gpu=1")
+    config.CDI_devices.add(name="nvidia.com/gpu=0")
+    view = container_view_from_config("c1", pod, config)
+    assert view.cdi_devices == ("nvidia.com/gpu=1", "nvidia.com/gpu=0")
+    assert ContainerView.from_dict(view.to_dict()) == view
+    config.CDI_devices.add(name="vendor.com/net=eth1")  # a hook added one
+    updated = container_view_updated(
+        view, "c1", config, labels=False, annotations=False, resources=False, cdi_devices=True
+    )
+    assert updated.cdi_devices[-1] == "vendor.com/net=eth1"
 
 
 def test_guaranteed_whole_cpu_container_in_cgroupfs_pod_has_integer_cpus() -> None:

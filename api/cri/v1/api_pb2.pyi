@@ -1380,6 +1380,56 @@ class CheckpointContainerResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class CheckpointPodRequest(_message.Message):
+    __slots__ = ("pod_sandbox_id", "path", "timeout", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    path: str
+    timeout: int
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., path: _Optional[str] = ..., timeout: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CheckpointPodResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RestorePodRequest(_message.Message):
+    __slots__ = ("path", "config", "timeout", "options", "container_configs")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    config: PodSandboxConfig
+    timeout: int
+    options: _containers.ScalarMap[str, str]
+    container_configs: _containers.RepeatedCompositeFieldContainer[ContainerConfig]
+    def __init__(self, path: _Optional[str] = ..., config: _Optional[_Union[PodSandboxConfig, _Mapping]] = ..., timeout: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., container_configs: _Optional[_Iterable[_Union[ContainerConfig, _Mapping]]] = ...) -> None: ...
+
+class RestorePodResponse(_message.Message):
+    __slots__ = ("pod_sandbox_id",)
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    def __init__(self, pod_sandbox_id: _Optional[str] = ...) -> None: ...
+
 class ExecSyncRequest(_message.Message):
     __slots__ = ("container_id", "cmd", "timeout")
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]

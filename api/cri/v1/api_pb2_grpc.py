@@ -210,6 +210,16 @@ class RuntimeServiceStub:
                 request_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
                 response_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesResponse.FromString,
                 _registered_method=True)
+        self.CheckpointPod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/CheckpointPod',
+                request_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodResponse.FromString,
+                _registered_method=True)
+        self.RestorePod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/RestorePod',
+                request_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -437,6 +447,19 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointPod(self, request, context):
+        """Pod-level checkpoint and restore (KEP-5823, cri-api 2026).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestorePod(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -614,6 +637,16 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.UpdatePodSandboxResources,
                     request_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesRequest.FromString,
                     response_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesResponse.SerializeToString,
+            ),
+            'CheckpointPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointPod,
+                    request_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodResponse.SerializeToString,
+            ),
+            'RestorePod': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestorePod,
+                    request_deserializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1562,6 +1595,60 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
             crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
             crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.UpdatePodSandboxResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/CheckpointPod',
+            crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+            crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.CheckpointPodResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestorePod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/RestorePod',
+            crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodRequest.SerializeToString,
+            crihook_dot_api_dot_cri_dot_v1_dot_api__pb2.RestorePodResponse.FromString,
             options,
             channel_credentials,
             insecure,

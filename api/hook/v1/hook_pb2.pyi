@@ -18,6 +18,7 @@ class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REMOVE_CONTAINER: _ClassVar[Event]
     STOP_POD_SANDBOX: _ClassVar[Event]
     REMOVE_POD_SANDBOX: _ClassVar[Event]
+    UPDATE_POD_SANDBOX_RESOURCES: _ClassVar[Event]
 
 class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ STOP_CONTAINER: Event
 REMOVE_CONTAINER: Event
 STOP_POD_SANDBOX: Event
 REMOVE_POD_SANDBOX: Event
+UPDATE_POD_SANDBOX_RESOURCES: Event
 STAGE_UNSPECIFIED: Stage
 PRE: Stage
 POST: Stage
@@ -143,7 +145,7 @@ class Pod(_message.Message):
     def __init__(self, id: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., attempt: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., cgroup_parent: _Optional[str] = ..., runtime_handler: _Optional[str] = ..., qos_class: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class Container(_message.Message):
-    __slots__ = ("id", "pod_id", "name", "attempt", "image", "labels", "annotations", "kind", "resources")
+    __slots__ = ("id", "pod_id", "name", "attempt", "image", "labels", "annotations", "kind", "resources", "cdi_devices")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +169,7 @@ class Container(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
     id: str
     pod_id: str
     name: str
@@ -176,7 +179,8 @@ class Container(_message.Message):
     annotations: _containers.ScalarMap[str, str]
     kind: str
     resources: Resources
-    def __init__(self, id: _Optional[str] = ..., pod_id: _Optional[str] = ..., name: _Optional[str] = ..., attempt: _Optional[int] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., kind: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    cdi_devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., pod_id: _Optional[str] = ..., name: _Optional[str] = ..., attempt: _Optional[int] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., kind: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., cdi_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StageRequest(_message.Message):
     __slots__ = ("seq", "event", "stage", "pod", "container", "request", "response", "timeout_ms", "failure")

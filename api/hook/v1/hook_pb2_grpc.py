@@ -129,6 +129,16 @@ class PluginStub:
                 request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
                 response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
                 _registered_method=True)
+        self.PreUpdatePodSandboxResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/PreUpdatePodSandboxResources',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.PostUpdatePodSandboxResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/PostUpdatePodSandboxResources',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
         self.FailedRunPodSandbox = channel.unary_unary(
                 '/crihook.hook.v1.Plugin/FailedRunPodSandbox',
                 request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
@@ -166,6 +176,11 @@ class PluginStub:
                 _registered_method=True)
         self.FailedRemovePodSandbox = channel.unary_unary(
                 '/crihook.hook.v1.Plugin/FailedRemovePodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.FailedUpdatePodSandboxResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/FailedUpdatePodSandboxResources',
                 request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
                 response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
                 _registered_method=True)
@@ -290,6 +305,18 @@ class PluginServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreUpdatePodSandboxResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PostUpdatePodSandboxResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FailedRunPodSandbox(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -333,6 +360,12 @@ class PluginServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FailedRemovePodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailedUpdatePodSandboxResources(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -436,6 +469,16 @@ def add_PluginServicer_to_server(servicer, server):
                     request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
                     response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
             ),
+            'PreUpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreUpdatePodSandboxResources,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'PostUpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.PostUpdatePodSandboxResources,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
             'FailedRunPodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.FailedRunPodSandbox,
                     request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
@@ -473,6 +516,11 @@ def add_PluginServicer_to_server(servicer, server):
             ),
             'FailedRemovePodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.FailedRemovePodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'FailedUpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailedUpdatePodSandboxResources,
                     request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
                     response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
             ),
@@ -1001,6 +1049,60 @@ class Plugin:
             _registered_method=True)
 
     @staticmethod
+    def PreUpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/PreUpdatePodSandboxResources',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PostUpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/PostUpdatePodSandboxResources',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def FailedRunPodSandbox(request,
             target,
             options=(),
@@ -1204,6 +1306,33 @@ class Plugin:
             request,
             target,
             '/crihook.hook.v1.Plugin/FailedRemovePodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailedUpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/FailedUpdatePodSandboxResources',
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
             options,
