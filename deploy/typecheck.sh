@@ -11,4 +11,5 @@ ln -s "$root"/proxy/_root/*.py "$tree/crihook/"
 ln -s "$root/proxy" "$tree/crihook/proxy"
 ln -s "$root/hooks" "$tree/crihook/hooks"
 ln -s "$root/api" "$tree/crihook/api"
-MYPYPATH="$tree" exec "${PYTHON:-.venv/bin/python}" -m mypy -p crihook.proxy -p crihook.hooks
+# Not exec: the trap must run to remove the link tree.
+MYPYPATH="$tree" "${PYTHON:-.venv/bin/python}" -m mypy -p crihook.proxy -p crihook.hooks

@@ -88,6 +88,8 @@ class App:
         )
         self.store.status_provider = self.status
         self.started_at = time.time()
+        self.stopped_at: float | None = None
+        """Set when the shutdown begins: the last status.json says crihook is not running."""
         self._tasks: list[asyncio.Task[Any]] = []
 
     def build_hooks(self) -> None:
@@ -123,7 +125,10 @@ class App:
         return {
             "version": __version__,
             "started_at": self.started_at,
-            "ready": self.readiness.ready,
+            "updated_at": time.time(),
+            "running": self.stopped_at is None,
+            "stopped_at": self.stopped_at,
+            "ready": self.readiness.ready and self.stopped_at is None,
             "runtime": self.settings.runtime.endpoint,
             "dry_run": self.settings.chain.dry_run,
             "hooks": self.chain.status(),
@@ -236,6 +241,7 @@ class App:
                 settings.server.shutdown_grace_seconds,
             )
             sdnotify.stopping()
+            self.stopped_at = time.time()
             await server.stop(settings.server.shutdown_grace_seconds)
             for task in self._tasks:
                 task.cancel()

@@ -18,7 +18,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from crihook import __version__
 from crihook.proxy.config import DEFAULT_STATE_DIR, apply_flags, load_config
@@ -29,9 +29,25 @@ __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subcommands: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> NoReturn:
-        # One line, like every other configuration error.
-        self.exit(2, f"crihook: {message} (see crihook {self.prog.split()[-1]} --help)\n")
+        # One line, like every other configuration error. `prog` is "crihook" or
+        # "crihook serve": the help to read is that command's.
+        self.exit(2, f"crihook: {message} (see {self.prog} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        # argparse reports a subcommand's unknown flag from the top: point at the
+        # subcommand's help instead.
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = self._subcommands.get(getattr(parsed, "command", ""), self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     state = sub.add_parser("state", help="show pods, containers, owners and hook states")
     state.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     state.add_argument("--json", action="store_true", help="machine-readable output")
+    parser._subcommands = {"serve": serve, "state": state}
     return parser
 
 

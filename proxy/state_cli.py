@@ -10,7 +10,7 @@ from typing import Any
 
 from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE
 
-__all__ = ["load_state", "render_state", "show_state"]
+__all__ = ["STALE_SECONDS", "liveness", "load_state", "render_state", "show_state"]
 
 
 def _read(path: Path) -> Any:
@@ -31,20 +31,47 @@ def load_state(state_dir: Path) -> dict[str, Any]:
     }
 
 
+# status.json is rewritten every second while crihook runs: older than this, it is not.
+STALE_SECONDS = 10.0
+
+
+def liveness(status: dict[str, Any], now: float | None = None) -> str | None:
+    """Why the status file does not describe a running crihook, or None if it does."""
+    now = time.time() if now is None else now
+    stopped = status.get("stopped_at")
+    if status.get("running") is False and stopped:
+        return f"crihook is not running: it stopped at {_when(stopped)}"
+    updated = status.get("updated_at")
+    if updated is not None and now - updated > STALE_SECONDS:
+        return (
+            f"crihook is not running: its status was last written at {_when(updated)} "
+            "(it stopped without a clean shutdown, or hangs)"
+        )
+    return None
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
 def render_state(doc: dict[str, Any]) -> str:
     lines = []
     status = doc.get("status")
     if status:
+        down = liveness(status)
+        if down is not None:
+            lines.append(f"{down}; what follows is what it last knew")
         lines.append(
-            f"crihook {status.get('version')}  ready={status.get('ready')}  "
+            f"crihook {status.get('version')}  ready={status.get('ready') and down is None}  "
             f"runtime={status.get('runtime')}  dry_run={status.get('dry_run')}"
         )
         lines += _store_health(status.get("store") or {})
         for hook in status.get("hooks", []):
             counters = " ".join(f"{k}={v}" for k, v in sorted(hook.get("counters", {}).items()))
+            connected = hook["connected"] and down is None
             lines.append(
                 f"  hook {hook['name']} ({hook['kind']}, {hook['failure_policy']}, "
-                f"breaker {hook['breaker']}, connected={hook['connected']}) {counters}"
+                f"breaker {hook['breaker']}, connected={connected}) {counters}"
             )
     containers_by_pod: dict[str, list[dict[str, Any]]] = {}
     for record in doc["containers"].values():
@@ -102,5 +129,11 @@ def show_state(state_dir: Path, as_json: bool) -> int:
         )
         return 1
     doc = load_state(state_dir)
-    print(json.dumps(doc, indent=2, sort_keys=True) if as_json else render_state(doc))
+    if as_json:
+        status = doc.get("status")
+        # Tools read this instead of trusting a status file crihook no longer writes.
+        doc["running"] = bool(status) and liveness(status) is None
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(render_state(doc))
     return 0

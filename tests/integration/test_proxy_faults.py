@@ -236,6 +236,15 @@ def test_sigterm_lets_calls_in_flight_finish_then_exits_0(fake: FakeRuntime) -> 
     assert results == [b"\x0a\x02ok"] * 4
     assert proc.stop() == 0
     assert not proc.socket_path.exists()
+    # The last status it wrote says so: `crihook state` does not show it ready.
+    shown = subprocess.run(
+        [sys.executable, "-m", "crihook", "state", "--state-dir", str(proc.state_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert shown.startswith("crihook is not running: it stopped at")
+    assert "ready=False" in shown
 
 
 def test_stale_socket_file_is_replaced(fake: FakeRuntime) -> None:

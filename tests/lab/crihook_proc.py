@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,14 +14,26 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["CrihookProcess", "short_tmpdir", "wait_for"]
+__all__ = ["CrihookProcess", "remove_short_tmpdirs", "short_tmpdir", "wait_for"]
 
 _VERSION = "/runtime.v1.RuntimeService/Version"
 
 
+_CREATED: list[Path] = []
+
+
 def short_tmpdir(prefix: str = "ch-") -> Path:
-    """A fresh directory under /tmp: unix socket paths must stay under 107 bytes."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    """A fresh directory under /tmp: unix socket paths must stay under 107 bytes. Removed
+    after the test that made it (tests/lab/fixtures.py calls remove_short_tmpdirs)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    _CREATED.append(path)
+    return path
+
+
+def remove_short_tmpdirs() -> None:
+    """Remove every directory short_tmpdir made (the processes using them are gone)."""
+    while _CREATED:
+        shutil.rmtree(_CREATED.pop(), ignore_errors=True)
 
 
 def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.05) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.lab.containerd import Containerd, LabError
+from tests.lab.crihook_proc import remove_short_tmpdirs
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
 
@@ -26,6 +27,14 @@ __all__ = ["PodCleanup", "containerd", "kubelet_direct", "lab_images", "pod_clea
 
 # Short on purpose: <dir>/containerd.sock must fit the 107-byte unix socket limit.
 LAB_DIR_PREFIX = "crihook-lab-"
+
+
+@pytest.fixture(autouse=True)
+def _short_tmpdirs_removed() -> Iterator[None]:
+    """Every test leaves /tmp as it found it: the short temp dirs it made (sockets, state
+    dirs, plugin dirs) go after its other fixtures stopped what used them."""
+    yield
+    remove_short_tmpdirs()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,70 @@
+"""`crihook state` never presents a status file crihook stopped writing as a running crihook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crihook.proxy.cli import main
+from crihook.proxy.state_cli import STALE_SECONDS, liveness, render_state
+
+NOW = 1_800_000_000.0
+HOOK = {
+    "name": "20-cpuset",
+    "kind": "in-process",
+    "failure_policy": "fail",
+    "breaker": "closed",
+    "connected": True,
+    "counters": {},
+}
+
+
+def status(**kw: object) -> dict[str, object]:
+    return {
+        "version": "0.1.0",
+        "ready": True,
+        "runtime": "unix:///c.sock",
+        "dry_run": False,
+        "hooks": [HOOK],
+        "updated_at": NOW - 1,
+        "running": True,
+        "stopped_at": None,
+        **kw,
+    }
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        (status(), None),
+        (status(running=False, stopped_at=NOW - 60), "crihook is not running: it stopped at"),
+        (status(updated_at=NOW - STALE_SECONDS - 1), "its status was last written at"),
+        (status(updated_at=NOW - STALE_SECONDS + 1), None),
+    ],
+    ids=["running", "stopped-cleanly", "stale-crashed", "recent"],
+)
+def test_liveness(doc: dict[str, object], expected: str | None) -> None:
+    said = liveness(doc, now=NOW)
+    assert said is None if expected is None else expected in (said or "")
+
+
+def test_a_stopped_crihook_is_not_shown_ready_or_connected() -> None:
+    doc = {
+        "status": status(running=False, stopped_at=NOW - 60),
+        "pods": {},
+        "containers": {},
+        "hook_states": {},
+    }
+    text = render_state(doc)
+    first, second, hook = text.splitlines()[:3]
+    assert first.startswith("crihook is not running")
+    assert "ready=False" in second
+    assert "connected=False" in hook
+
+
+def test_json_says_whether_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "status.json").write_text(json.dumps(status(running=False, stopped_at=NOW)))
+    assert main(["state", "--state-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["running"] is False
