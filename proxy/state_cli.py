@@ -132,7 +132,7 @@ def show_state(state_dir: Path, as_json: bool) -> int:
     if as_json:
         status = doc.get("status")
         # Tools read this instead of trusting a status file crihook no longer writes.
-        doc["running"] = bool(status) and liveness(status) is None
+        doc["running"] = status is not None and liveness(status) is None
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render_state(doc))
