@@ -419,6 +419,9 @@ class _NoRuntime:
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         raise RuntimeError("plugins cannot query the runtime; use the Synchronize snapshot")
 
+    async def sandbox_netns(self, pod_id: str) -> str | None:
+        raise RuntimeError("plugins cannot query the runtime; use the Synchronize snapshot")
+
 
 def _states(raw: Mapping[str, str]) -> dict[str, ContainerState]:
     known = {s.value for s in ContainerState}

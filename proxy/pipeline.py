@@ -21,6 +21,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
+from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView, Stage
 from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field, describe_key
 from crihook.hooks.spec.events import HINT_EVENTS
@@ -31,9 +32,9 @@ from crihook.hooks.spec.views import (
     resources_view,
 )
 from crihook.proxy.chain import Chain
-from crihook.proxy.errors import CrihookError
+from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.merge import Merger, jsonable
-from crihook.proxy.methods import INTERCEPTED
+from crihook.proxy.methods import INTERCEPTED, method_path
 from crihook.proxy.passthrough import Readiness, abort_with, call_options
 from crihook.proxy.placement import Placement
 from crihook.proxy.runtime_client import RuntimeClient
@@ -45,6 +46,7 @@ __all__ = ["Pipeline"]
 
 log = logging.getLogger(__name__)
 
+_UNDO_TIMEOUT = 30.0  # stopping a sandbox tears down its network: give it time
 _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
 _POD_ID_EVENTS = frozenset(
     {Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.UPDATE_POD_SANDBOX_RESOURCES}
@@ -178,6 +180,10 @@ class Pipeline:
         self._locks = _PodLocks()
         self._forward = {e: runtime.unary(spec.path) for e, spec in INTERCEPTED.items()}
         self.updater = ContainerUpdater(runtime, store)
+        self._undo = {
+            m: runtime.unary(method_path("RuntimeService", m))
+            for m in ("StopPodSandbox", "RemovePodSandbox")
+        }
         self._gate = _Gate()
         self.quiesced = self._gate.quiesced
         self.on_unknown_outcome: Callable[[PodView], None] | None = None
@@ -248,7 +254,13 @@ class Pipeline:
             self._update_store(call, response, merger)
             if merger is not None and merger.unapplied:
                 await self._not_applied(call, merger.unapplied)
-            await self._post(call, response, merger, deadline)
+            try:
+                await self._post(call, response, merger, deadline, ran)
+            except HookRejected as exc:  # a sandbox a hook cannot set up: undone, then failed
+                await self._undo_sandbox(call, response.pod_sandbox_id)  # type: ignore[attr-defined]
+                await self._failed(call, ran, str(exc))
+                self.store.write_behind()
+                await _abort(context, exc.status, f"{exc} ({_who(call)})")
             # After the runtime acted a write failure never turns its success into an error:
             # the store keeps it in memory and retries in the background.
             self.store.write_behind()
@@ -289,6 +301,25 @@ class Pipeline:
         they took, as for a failed call."""
         for name, why in unapplied.items():
             await self._failed(call, [name], why)
+
+    async def _undo_sandbox(self, call: _Call, sandbox_id: str) -> None:
+        """A hook refused the sandbox the runtime just made (its post stage could not set it
+        up): stop and remove it, so kubelet, told the call failed, is left nothing to leak."""
+        for method in ("StopPodSandbox", "RemovePodSandbox"):
+            request = getattr(api_pb2, f"{method}Request")(pod_sandbox_id=sandbox_id)
+            try:
+                await self._undo[method](request.SerializeToString(), timeout=_UNDO_TIMEOUT)
+            except grpc.aio.AioRpcError as err:
+                # Left to kubelet's garbage collection, which lists what the runtime has.
+                log.error(
+                    "undoing sandbox %s: %s failed: %s: %s",
+                    sandbox_id[:12],
+                    method,
+                    err.code().name,
+                    err.details(),
+                    extra=call.describe(),
+                )
+        self.store.remove_pod(sandbox_id)
 
     def _outcome_unknown(self, call: _Call) -> None:
         """The runtime may or may not have done it: what the hooks reserved stays reserved
@@ -448,8 +479,16 @@ class Pipeline:
             self.store.remove_pod(req.pod_sandbox_id)
 
     async def _post(
-        self, call: _Call, response: Message, pre: Merger | None, deadline: float | None
+        self,
+        call: _Call,
+        response: Message,
+        pre: Merger | None,
+        deadline: float | None,
+        ran: list[str],
     ) -> None:
+        """The post stage and the updates. Raises HookRejected when a hook refuses a sandbox
+        the runtime made (post-RunPodSandbox: setting it up failed); `ran` then names the
+        hooks to tell. Any other post-stage failure is reported, never undone."""
         updates = list(pre.updates) if pre else []
         exempt = self.chain.exempt(call.pod)
         if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
@@ -463,8 +502,13 @@ class Pipeline:
                     response,
                     deadline,
                     exempt=exempt,
+                    ran=ran,
                 )
                 updates.extend(post.updates)
+            except HookRejected:
+                if call.event is Event.RUN_POD_SANDBOX:
+                    raise
+                log.error("post-%s refused after the runtime acted", call.event.value)
             except CrihookError as exc:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -32,7 +33,7 @@ from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
 
-__all__ = ["RuntimeView", "Synchronizer"]
+__all__ = ["RuntimeView", "Synchronizer", "netns_from_verbose_info"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class RuntimeView:
     def __init__(self, runtime: RuntimeClient) -> None:
         self._list = runtime.unary(method_path("RuntimeService", "ListContainers"))
         self._status = runtime.unary(method_path("RuntimeService", "ContainerStatus"))
+        self._pod_status = runtime.unary(method_path("RuntimeService", "PodSandboxStatus"))
 
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         return await self._states(api_pb2.ContainerFilter(pod_sandbox_id=pod_id))
@@ -63,6 +65,12 @@ class RuntimeView:
         listed = api_pb2.ListContainersResponse.FromString(raw).containers
         return {c.id: container_state(c.state) for c in listed}
 
+    async def sandbox_netns(self, pod_id: str) -> str | None:
+        request = api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True)
+        raw = await self._pod_status(request.SerializeToString(), timeout=_QUERY_TIMEOUT)
+        info = api_pb2.PodSandboxStatusResponse.FromString(raw).info
+        return netns_from_verbose_info(info)
+
     async def resources(self, container_id: str) -> api_pb2.LinuxContainerResources | None:
         """What the runtime reports the container runs with now, if it says."""
         request = api_pb2.ContainerStatusRequest(container_id=container_id)
@@ -71,6 +79,21 @@ class RuntimeView:
         if status.HasField("resources") and status.resources.HasField("linux"):
             return status.resources.linux
         return None
+
+
+def netns_from_verbose_info(info: Mapping[str, str]) -> str | None:
+    """containerd's verbose sandbox status: the OCI spec's network namespace path, under
+    info["info"] → runtimeSpec.linux.namespaces; None when it names none (host network)."""
+    try:
+        doc = json.loads(info.get("info", "{}"))
+        namespaces = doc["runtimeSpec"]["linux"]["namespaces"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    for namespace in namespaces if isinstance(namespaces, list) else ():
+        if isinstance(namespace, dict) and namespace.get("type") == "network":
+            path = namespace.get("path")
+            return path if isinstance(path, str) and path else None
+    return None
 
 
 class Synchronizer:

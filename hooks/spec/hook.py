@@ -10,7 +10,8 @@ A hook is a class with async methods named for the stages it handles:
 Its subscriptions follow from what it implements; a method named like a stage that is none
 (`pre_create_contianer`) is a load error. Pre stages may return an Adjustment to the call and
 updates to other containers; post stages run after the runtime answered OK and may return only
-updates; a failed stage tells a hook whose pre stage ran that the call failed, or that its
+updates (a `Reject` there is logged, except in post-RunPodSandbox: a hook that cannot set the
+new sandbox up refuses it, crihook stops and removes it and the call fails); a failed stage tells a hook whose pre stage ran that the call failed, or that its
 adjustment was not applied, so it can release what it took (its answer is ignored). A hook
 never blocks the event loop: blocking work goes to a thread (`asyncio.to_thread`). Shared node
 resources (CPUs, devices) are the hook's to guard.
@@ -65,6 +66,11 @@ class RuntimeQueries(Protocol):
 
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         """The state of every container of a pod sandbox, by container id."""
+        ...
+
+    async def sandbox_netns(self, pod_id: str) -> str | None:
+        """The path of a pod sandbox's network namespace (from the runtime's verbose status),
+        None for a pod on the host's network."""
         ...
 
 

@@ -96,8 +96,8 @@ class Node:
 
 @pytest.fixture
 def fixture_node(request: pytest.FixtureRequest) -> Iterator[Node]:
-    """Parametrized with (MachineSpec, config TOML)."""
-    spec, config = request.param
+    """Parametrized with (MachineSpec, config TOML, hooks)."""
+    spec, config, hooks = request.param
     workdir = short_tmpdir("rh-")
     root = write_sysfs(workdir / "sys", spec)
     runtime = MemoryRuntime(workdir / "rt.sock").start()
@@ -105,7 +105,7 @@ def fixture_node(request: pytest.FixtureRequest) -> Iterator[Node]:
         runtime.endpoint,
         workdir=workdir,
         config=config,
-        hooks="cpuset,numa,oom",
+        hooks=hooks,
         args=["--sysfs-root", str(root)],
     )
     try:
@@ -120,8 +120,10 @@ def fixture_node(request: pytest.FixtureRequest) -> Iterator[Node]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def machine(spec: MachineSpec, config: str = "", id: str = "") -> object:
-    return pytest.param((spec, config), id=id or "machine")
+def machine(
+    spec: MachineSpec, config: str = "", id: str = "", hooks: str = "cpuset,numa,oom"
+) -> object:
+    return pytest.param((spec, config, hooks), id=id or "machine")
 
 
 # --- kubelet's picks, the shared pool, and the updates ----------------------------------------
@@ -476,3 +478,39 @@ def test_resizes_of_exclusive_cpus_are_refused_and_reverts_pass(fixture_node: No
     )
     node.stub.UpdatePodSandboxResources(same, timeout=10)
     assert len(node.runtime.calls("UpdatePodSandboxResources")) == 1
+
+
+# --- a sandbox a hook cannot set up -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fixture_node",
+    [
+        machine(
+            DUAL_SOCKET_SMT2_2NUMA,
+            '[hooks.refuse]\nmodule = "tests.lab.sample_hooks:RefuseSandbox"\n',
+            id="refusing-hook",
+            hooks="cpuset,numa,oom,50-refuse",
+        )
+    ],
+    indirect=True,
+)
+def test_a_sandbox_refused_after_the_runtime_made_it_is_undone(fixture_node: Node) -> None:
+    """A hook whose post-RunPodSandbox cannot set the sandbox up (a network device, say):
+    crihook stops and removes the sandbox the runtime made, tells the hooks the call failed,
+    and kubelet gets the hook's status: nothing is left for kubelet to leak."""
+    node = fixture_node
+    node.run_pod(PodSpec(name="fine"))
+    with pytest.raises(grpc.RpcError) as info:
+        node.run_pod(PodSpec(name="broken", annotations={"refuse": "yes"}))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cannot set up the network of pod broken" in info.value.details()
+    assert [p.config.metadata.name for p in node.runtime.pods.values()] == ["fine"]
+    assert len(node.runtime.calls("RemovePodSandbox")) == 1
+    path = node.proc.state_dir / "hooks" / "refuse.json"
+
+    def released() -> bool:  # the release is written behind
+        return len(json.loads(path.read_text())["held"]) == 1  # only the pod that runs
+
+    wait_for(released, 5, "the refused pod's reservation released")
+    assert "cannot set up the network" in json.loads(path.read_text())["told"][0]

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
-from crihook.hooks.spec import Adjustment, Hook, HookContext, ResourceDelta
+from crihook.hooks.spec import Adjustment, Hook, HookContext, Reject, ResourceDelta
 
-__all__ = ["CountAnnotations", "SetEnv", "SetShares", "SetState", "ShrinkOthers"]
+__all__ = [
+    "CountAnnotations",
+    "RefuseSandbox",
+    "SetEnv",
+    "SetShares",
+    "SetState",
+    "ShrinkOthers",
+]
 
 
 class SetEnv(Hook):
@@ -61,3 +68,22 @@ class ShrinkOthers(Hook):
         seen = ctx.state.get("containers", [])
         ctx.state.set("containers", [*seen, ctx.response.container_id])
         return None
+
+
+class RefuseSandbox(Hook):
+    """Reserves something for every pod in pre-RunPodSandbox, then refuses the sandbox the
+    runtime made when the pod carries the annotation `refuse` (setting it up "failed"), and
+    releases in the failed stage. Its state `held` lists what it holds."""
+
+    async def pre_run_pod_sandbox(self, ctx: HookContext) -> None:
+        ctx.state.set("held", [*ctx.state.get("held", []), ctx.pod.uid])
+        return None
+
+    async def post_run_pod_sandbox(self, ctx: HookContext) -> None:
+        if "refuse" in ctx.pod.annotations:
+            raise Reject(f"cannot set up the network of pod {ctx.pod.name}")
+        return None
+
+    async def failed_run_pod_sandbox(self, ctx: HookContext) -> None:
+        ctx.state.set("held", [u for u in ctx.state.get("held", []) if u != ctx.pod.uid])
+        ctx.state.set("told", [*ctx.state.get("told", []), ctx.failure])

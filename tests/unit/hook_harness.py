@@ -114,10 +114,14 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.states: dict[str, dict[str, ContainerState]] = {}
         self.asked: list[str] = []
+        self.netns: dict[str, str] = {}
 
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         self.asked.append(pod_id)
         return dict(self.states.get(pod_id, {}))
+
+    async def sandbox_netns(self, pod_id: str) -> str | None:
+        return self.netns.get(pod_id)
 
 
 class FakeHost:

@@ -3,6 +3,7 @@ container's view as the runtime got it, whether hooks changed the request or not
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.store import Store
+from crihook.proxy.sync import netns_from_verbose_info
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 
 CONTAINER_ID = "c" * 64
@@ -97,3 +99,36 @@ async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, ho
     assert record.view == container_view_from_config(CONTAINER_ID, pod, got.config)
     assert ("example.com/k" in record.view.annotations) is ("annotation" in hooks or "all" in hooks)
     assert (record.view.resources.cpuset_cpus == "2-3") is ("resources" in hooks or "all" in hooks)
+
+
+# --- the network namespace of a sandbox ------------------------------------------------------
+
+_SPEC = {
+    "linux": {
+        "namespaces": [
+            {"type": "pid"},
+            {"type": "network", "path": "/var/run/netns/cni-1234"},
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        ({"info": json.dumps({"runtimeSpec": _SPEC})}, "/var/run/netns/cni-1234"),
+        (
+            {"info": json.dumps({"runtimeSpec": {"linux": {"namespaces": [{"type": "pid"}]}}})},
+            None,
+        ),
+        (
+            {"info": json.dumps({"runtimeSpec": {"linux": {"namespaces": [{"type": "network"}]}}})},
+            None,
+        ),
+        ({"info": "not json"}, None),
+        ({}, None),
+    ],
+    ids=["pod-network", "host-network", "no-path", "garbage", "no-info"],
+)
+def test_netns_from_containerds_verbose_status(info: dict[str, str], expected: str | None) -> None:
+    assert netns_from_verbose_info(info) == expected
