@@ -11,8 +11,9 @@ Its subscriptions follow from what it implements; a method named like a stage th
 (`pre_create_contianer`) is a load error. Pre stages may return an Adjustment to the call and
 updates to other containers; post stages run after the runtime answered OK and may return only
 updates (a `Reject` there is logged, except in post-RunPodSandbox: a hook that cannot set the
-new sandbox up refuses it, crihook stops and removes it and the call fails); a failed stage tells a hook whose pre stage ran that the call failed, or that its
-adjustment was not applied, so it can release what it took (its answer is ignored). A hook
+new sandbox up refuses it, crihook stops and removes it and the call fails); a failed stage
+tells a hook whose pre stage ran that the call failed, or that its adjustment was not
+applied, so it can release what it took (its answer is ignored). A hook
 never blocks the event loop: blocking work goes to a thread (`asyncio.to_thread`). Shared node
 resources (CPUs, devices) are the hook's to guard.
 
