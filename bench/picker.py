@@ -10,7 +10,10 @@ CPUs as kubelet would, then allocates ``--containers`` containers of 1, 2, 4, 8 
 replayed for each mode, ``--reps`` times: a pick's time is its fastest replay (the picks are
 the same every time), which keeps other processes on the machine out of the figures; the
 slowest replay's p50 is printed too. ``full-cores`` modes round odd requests up to whole
-cores.
+cores. The modes are kubelet's CPU manager policy options and the pairs of them kubelet
+takes: ``uncore-cache`` is ``prefer-align-cpus-by-uncorecache`` (the machine has 16 L3s of 8
+cores, 2 per NUMA node), ``spread-cores`` is ``distribute-cpus-across-cores``, ``by-socket`` is
+``align-by-socket`` (which changes the distributed pick).
 
 Prints a Markdown table (nearest-rank percentiles, µs per pick) and checks the target: p50
 ≤ 1000 µs per pick in every mode. The one-off cost of indexing the topology (once per
@@ -40,15 +43,22 @@ TARGET_P50_US = 1000.0
 @dataclass(frozen=True)
 class Mode:
     name: str
-    spread_numa: bool
-    full_cores: bool
+    spread_numa: bool = False
+    full_cores: bool = False
+    uncore_cache: bool = False
+    spread_cores: bool = False
+    align_socket: bool = False
 
 
 MODES = (
-    Mode("packed", spread_numa=False, full_cores=False),
-    Mode("spread-numa", spread_numa=True, full_cores=False),
-    Mode("packed, full-cores", spread_numa=False, full_cores=True),
+    Mode("packed"),
+    Mode("spread-numa", spread_numa=True),
+    Mode("packed, full-cores", full_cores=True),
     Mode("spread-numa, full-cores", spread_numa=True, full_cores=True),
+    Mode("uncore-cache", uncore_cache=True),
+    Mode("uncore-cache, full-cores", uncore_cache=True, full_cores=True),
+    Mode("spread-cores", spread_cores=True),
+    Mode("spread-numa, by-socket", spread_numa=True, align_socket=True),
 )
 
 
@@ -87,7 +97,14 @@ def run(topology: Topology, mode: Mode, containers: int, seed: int, reserved: in
         start = time.perf_counter_ns()
         try:
             got = take_cpus(
-                topology, free, size, spread_numa=mode.spread_numa, full_cores=mode.full_cores
+                topology,
+                free,
+                size,
+                spread_numa=mode.spread_numa,
+                full_cores=mode.full_cores,
+                uncore_cache=mode.uncore_cache,
+                spread_cores=mode.spread_cores,
+                align_socket=mode.align_socket,
             )
         except ValueError:  # full-cores: not enough whole cores free
             out.refused += 1

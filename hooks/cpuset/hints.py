@@ -25,13 +25,16 @@ def cpu_hints(
     available: AbstractSet[int],
     reusable: AbstractSet[int],
     count: int,
+    *,
+    align_socket: bool = False,
 ) -> list[TopologyHint]:
     """kubelet's hints for ``count`` exclusive CPUs; empty when no NUMA node set can hold them.
 
     ``available``: the free, unreserved CPUs. ``reusable``: CPUs this container may take over
     (an init container's in the same pod); kubelet also regenerates the hints of a container
     that already holds CPUs by passing those as ``available`` and nothing as ``reusable``.
-    An empty list means the request cannot be placed (kubelet's semantics).
+    ``align_socket``: the ``align-by-socket`` policy option. An empty list means the request
+    cannot be placed (kubelet's semantics).
     """
     if count < 1:
         raise CPUAllocationError(f"invalid request for {count} cpus: at least 1 cpu is needed")
@@ -41,8 +44,10 @@ def cpu_hints(
         raise CPUAllocationError(f"cpus {','.join(map(str, unknown))} are not online on this node")
 
     total: dict[int, int] = {}
+    sockets_of: dict[int, set[int]] = {}
     for info in cpus.values():
         total[info.numa] = total.get(info.numa, 0) + 1
+        sockets_of.setdefault(info.numa, set()).add(info.socket)
     free: dict[int, int] = dict.fromkeys(total, 0)
     for cpu in available:
         free[cpus[cpu].numa] += 1
@@ -59,4 +64,15 @@ def cpu_hints(
                 continue
             if len(reusable) + sum(free[n] for n in mask) >= count:
                 fitting.append(mask)
-    return [TopologyHint(frozenset(mask), len(mask) == narrowest) for mask in fitting]
+    if not align_socket:
+        return [TopologyHint(frozenset(mask), len(mask) == narrowest) for mask in fitting]
+    # kubelet's NumNUMANodes / NumSockets; 0 (more sockets than NUMA nodes, a topology
+    # align-by-socket refuses) aligns nothing.
+    numa_per_socket = len(nodes) // len({s for ss in sockets_of.values() for s in ss})
+    min_sockets = (narrowest + numa_per_socket - 1) // numa_per_socket if numa_per_socket else 0
+
+    def preferred(mask: tuple[int, ...]) -> bool:
+        spanned = {s for n in mask for s in sockets_of[n]}
+        return (numa_per_socket > 0 and len(spanned) == min_sockets) or len(mask) == narrowest
+
+    return [TopologyHint(frozenset(mask), preferred(mask)) for mask in fitting]

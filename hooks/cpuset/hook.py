@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crihook.hooks.cpuset.hints import cpu_hints
-from crihook.hooks.cpuset.options import CpusetOptions, parse_options, reserved_cpus
+from crihook.hooks.cpuset.options import CpusetOptions, node_reserved_cpus, parse_options
 from crihook.hooks.cpuset.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpuset.reconcile import desired_cpus, reconcile
@@ -102,7 +102,7 @@ class CpusetHook(Hook):
         count = bubble_cpus(ctx.pod, self._scope)
         if count is None:
             return None
-        return {"cpu": cpu_hints(self.pool.topology, self.pool.free(), frozenset(), count)}
+        return {"cpu": self._hints(self.pool.free(), frozenset(), count)}
 
     async def pre_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         count = bubble_cpus(ctx.pod, self._scope)
@@ -134,9 +134,9 @@ class CpusetHook(Hook):
         self._finished.pop(ctx.pod.id, None)  # asked anew for every call
         kept = self.pool.attempt_cpus(ctx.pod.id, container.name)
         if len(kept) == count:  # kubelet regenerates the hints of the CPUs it keeps
-            return {"cpu": cpu_hints(self.pool.topology, kept, frozenset(), count)}
+            return {"cpu": self._hints(kept, frozenset(), count)}
         reusable = self.pool.reusable(ctx.pod.id, container.name, await self._exits(ctx))
-        return {"cpu": cpu_hints(self.pool.topology, self.pool.free(), reusable, count)}
+        return {"cpu": self._hints(self.pool.free(), reusable, count)}
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
@@ -301,8 +301,9 @@ class CpusetHook(Hook):
 
     def _keep_node_shared_pool(self, cpus: frozenset[int], what: str) -> None:
         """Refuse to take the node's last shared CPUs while shared containers run on them: an
-        empty cpuset cannot be applied. (kubelet's static policy cannot get here: it requires
-        reserved CPUs, which stay in the shared pool; crihook allows none.)"""
+        empty cpuset cannot be applied. (kubelet's static policy requires reserved CPUs, which
+        stay in the shared pool unless strict-cpu-reservation takes them out; crihook allows
+        none, and with that option the pool can empty as in kubelet.)"""
         pool = self.pool
         if pool.shared_members(None) and not pool.shared_pool() - cpus:
             raise Reject(
@@ -322,9 +323,19 @@ class CpusetHook(Hook):
                 spread_numa=self.config.distribute_cpus_across_numa,
                 full_cores=self.config.full_pcpus_only,
                 numa_affinity=affinity.numa if affinity is not None else None,
+                uncore_cache=self.config.prefer_align_cpus_by_uncorecache,
+                spread_cores=self.config.distribute_cpus_across_cores,
+                align_socket=self.config.align_by_socket,
             )
         except CPUAllocationError as exc:
             raise Reject(f"{what}: {count} exclusive CPUs: {exc}") from None
+
+    def _hints(
+        self, available: frozenset[int], reusable: frozenset[int], count: int
+    ) -> list[TopologyHint]:
+        return cpu_hints(
+            self.pool.topology, available, reusable, count, align_socket=self.config.align_by_socket
+        )
 
     async def _exits(self, ctx: HookContext) -> Mapping[str, bool]:
         """Which earlier containers of the pod have exited, when it matters: their CPUs are
@@ -360,13 +371,8 @@ class CpusetHook(Hook):
 
 
 def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPool:
-    reserved = reserved_cpus(
-        node,
-        config.reserved,
-        spread_numa=config.distribute_cpus_across_numa,
-        full_cores=config.full_pcpus_only,
-    )
-    pool = CpuPool(node, reserved, sync.state)
+    reserved = node_reserved_cpus(node, config, sync.topology_policy)  # ValueError: bad option
+    pool = CpuPool(node, reserved, sync.state, strict_reservation=config.strict_cpu_reservation)
     dropped = pool.load()
     if dropped:
         log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))

@@ -6,7 +6,19 @@
     disable_cfs_quota = true         # exclusive containers run without a CFS quota
 
 `policy_options` takes kubelet's own `cpuManagerPolicyOptions` keys and string values, so a
-kubelet configuration carries over as it is.
+kubelet configuration carries over as it is, and refuses what kubelet refuses
+(`NewStaticPolicyOptions`): an unknown option, a value `strconv.ParseBool` does not read, and
+these pairs:
+
+- `full-pcpus-only` with `distribute-cpus-across-cores`;
+- `distribute-cpus-across-numa` with `distribute-cpus-across-cores`;
+- `prefer-align-cpus-by-uncorecache` with `distribute-cpus-across-cores`;
+- `prefer-align-cpus-by-uncorecache` with `distribute-cpus-across-numa`.
+
+What needs the node is checked when the hook builds its pool (`node_reserved_cpus`, kubelet's
+`ValidateStaticPolicyOptions`): `align-by-socket` is refused under the `single-numa-node`
+topology policy and on machines with more sockets than NUMA nodes. kubelet's feature gates
+(alpha and beta options) are the operator's to set on kubelet; crihook takes every option.
 """
 
 from __future__ import annotations
@@ -15,21 +27,61 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.cpuset.picker import CPUAllocationError, SMTAlignmentError, take_cpus
+from crihook.hooks.cpuset.picker import CPUAllocationError, take_reserved
 from crihook.hooks.node import Topology, parse_cpu_list
 
-__all__ = ["POLICY_OPTIONS", "CpusetOptions", "parse_options", "reserved_cpus"]
+__all__ = [
+    "POLICY_OPTIONS",
+    "CpusetOptions",
+    "check_node",
+    "node_reserved_cpus",
+    "parse_options",
+    "reserved_cpus",
+]
 
-POLICY_OPTIONS = ("full-pcpus-only", "distribute-cpus-across-numa")
+FULL_PCPUS_ONLY = "full-pcpus-only"
+DISTRIBUTE_ACROSS_NUMA = "distribute-cpus-across-numa"
+ALIGN_BY_SOCKET = "align-by-socket"
+DISTRIBUTE_ACROSS_CORES = "distribute-cpus-across-cores"
+STRICT_RESERVATION = "strict-cpu-reservation"
+ALIGN_BY_UNCORECACHE = "prefer-align-cpus-by-uncorecache"
+
+POLICY_OPTIONS = (
+    FULL_PCPUS_ONLY,
+    DISTRIBUTE_ACROSS_NUMA,
+    ALIGN_BY_SOCKET,
+    DISTRIBUTE_ACROSS_CORES,
+    STRICT_RESERVATION,
+    ALIGN_BY_UNCORECACHE,
+)
+"""kubelet's static policy options, in the order kubelet declares them."""
+
+EXCLUSIVE_PAIRS = (
+    (FULL_PCPUS_ONLY, DISTRIBUTE_ACROSS_CORES),
+    (DISTRIBUTE_ACROSS_NUMA, DISTRIBUTE_ACROSS_CORES),
+    (ALIGN_BY_UNCORECACHE, DISTRIBUTE_ACROSS_CORES),
+    (ALIGN_BY_UNCORECACHE, DISTRIBUTE_ACROSS_NUMA),
+)
+"""Options kubelet refuses together, in the order it checks them."""
+
 _KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota"}
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+"""What Go's strconv.ParseBool reads, which is what kubelet reads option values with."""
 
 
 @dataclass(frozen=True)
 class CpusetOptions:
     reserved: str | int = 0
-    """A cpulist, or a number of CPUs picked as kubelet picks reserved CPUs."""
+    """A cpulist (kubelet's reservedSystemCPUs), or a number of CPUs picked as kubelet picks
+    reserved CPUs."""
     full_pcpus_only: bool = False
     distribute_cpus_across_numa: bool = False
+    align_by_socket: bool = False
+    distribute_cpus_across_cores: bool = False
+    strict_cpu_reservation: bool = False
+    """Reserved CPUs leave the shared pool too: no container runs on them."""
+    prefer_align_cpus_by_uncorecache: bool = False
     disable_cfs_quota: bool = True
 
 
@@ -59,24 +111,73 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
                 f"(supported: {', '.join(POLICY_OPTIONS)})"
             )
         flags[name] = _bool(f"policy_options {name!r}", value)
+    for first, second in EXCLUSIVE_PAIRS:
+        if flags.get(first) and flags.get(second):
+            raise ValueError(
+                f"cpuset: policy_options: {first!r} and {second!r} can not be used at the same "
+                "time (kubelet refuses them together)"
+            )
     quota = options.get("disable_cfs_quota", True)
     if not isinstance(quota, bool):
         raise ValueError(f"cpuset: disable_cfs_quota must be true or false, not {quota!r}")
     return CpusetOptions(
         reserved=reserved,
-        full_pcpus_only=flags.get("full-pcpus-only", False),
-        distribute_cpus_across_numa=flags.get("distribute-cpus-across-numa", False),
+        full_pcpus_only=flags.get(FULL_PCPUS_ONLY, False),
+        distribute_cpus_across_numa=flags.get(DISTRIBUTE_ACROSS_NUMA, False),
+        align_by_socket=flags.get(ALIGN_BY_SOCKET, False),
+        distribute_cpus_across_cores=flags.get(DISTRIBUTE_ACROSS_CORES, False),
+        strict_cpu_reservation=flags.get(STRICT_RESERVATION, False),
+        prefer_align_cpus_by_uncorecache=flags.get(ALIGN_BY_UNCORECACHE, False),
         disable_cfs_quota=quota,
     )
 
 
 def _bool(what: str, value: object) -> bool:
-    # kubelet's option values are strings ("true"); TOML booleans are accepted too.
+    # kubelet's option values are strings read by strconv.ParseBool; TOML booleans too.
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ValueError(f'cpuset: {what} must be "true" or "false", not {value!r}')
+    if isinstance(value, str) and value in _TRUE + _FALSE:
+        return value in _TRUE
+    raise ValueError(
+        f'cpuset: {what} must be "true" or "false" (or another value Go\'s strconv.ParseBool '
+        f"reads, as kubelet does), not {value!r}"
+    )
+
+
+def check_node(config: CpusetOptions, topology: Topology, topology_policy: str = "none") -> None:
+    """kubelet's ``ValidateStaticPolicyOptions``: ValueError when an option does not fit this
+    node or its topology policy."""
+    if not config.align_by_socket:
+        return
+    if topology_policy == "single-numa-node":
+        raise ValueError(
+            f"cpuset: policy_options: {ALIGN_BY_SOCKET!r} is incompatible with the "
+            "single-numa-node topology policy ([node] topology_policy)"
+        )
+    sockets = len(topology.sockets)
+    numa_nodes = len({c.numa for c in topology.cpus.values()})
+    if sockets > numa_nodes:
+        raise ValueError(
+            f"cpuset: policy_options: {ALIGN_BY_SOCKET!r} is not compatible with this node: it "
+            f"has more sockets ({sockets}) than NUMA nodes ({numa_nodes})"
+        )
+
+
+def node_reserved_cpus(
+    topology: Topology, config: CpusetOptions, topology_policy: str = "none"
+) -> frozenset[int]:
+    """The options checked against this node (``check_node``), then its reserved CPUs picked
+    with the policy options; ValueError naming the option that does not fit."""
+    check_node(config, topology, topology_policy)
+    return reserved_cpus(
+        topology,
+        config.reserved,
+        spread_numa=config.distribute_cpus_across_numa,
+        full_cores=config.full_pcpus_only,
+        uncore_cache=config.prefer_align_cpus_by_uncorecache,
+        spread_cores=config.distribute_cpus_across_cores,
+        align_socket=config.align_by_socket,
+    )
 
 
 def reserved_cpus(
@@ -85,28 +186,29 @@ def reserved_cpus(
     *,
     spread_numa: bool = False,
     full_cores: bool = False,
+    uncore_cache: bool = False,
+    spread_cores: bool = False,
+    align_socket: bool = False,
 ) -> frozenset[int]:
     """The reserved CPUs on this node; ValueError when they do not fit it.
 
-    A count is picked by kubelet's `takeByTopology`, which follows the policy options:
-    `spread_numa` (distribute-cpus-across-numa) spreads it, in whole cores with `full_cores`
-    (full-pcpus-only) when the count is whole cores, else packed."""
+    A cpulist is kubelet's `reservedSystemCPUs`, taken as it is. A count is picked by
+    kubelet's `takeByTopology` over all CPUs, which follows the policy options (`take_reserved`:
+    distributed with `spread_numa`, in whole cores with `full_cores` when the count is whole
+    cores; spread over cores; uncore-cache aligned)."""
     if isinstance(reserved, int):
         if reserved == 0:
             return frozenset()
         try:
-            try:
-                return take_cpus(
-                    topology,
-                    topology.online,
-                    reserved,
-                    spread_numa=spread_numa,
-                    full_cores=full_cores and spread_numa,
-                )
-            except SMTAlignmentError:
-                # kubelet's distributed pick falls back to packed when the count is not
-                # whole groups; and it never refuses reserved CPUs for SMT alignment.
-                return take_cpus(topology, topology.online, reserved)
+            return take_reserved(
+                topology,
+                reserved,
+                spread_numa=spread_numa,
+                full_cores=full_cores,
+                uncore_cache=uncore_cache,
+                spread_cores=spread_cores,
+                align_socket=align_socket,
+            )
         except CPUAllocationError as exc:
             raise ValueError(f"cpuset: reserved_cpus = {reserved}: {exc}") from None
     cpus = parse_cpu_list(reserved)

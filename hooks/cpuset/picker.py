@@ -1,27 +1,38 @@
 """Which exclusive CPUs a container gets: kubelet's static CPU manager policy, choice for choice.
 
 An operator turns kubelet's static CPU manager off, puts crihook in front, and must see the
-same CPUs picked. So this module follows kubelet's ``pkg/kubelet/cm/cpumanager`` (the
-``cpu_assignment.go`` and ``policy_static.go`` of Kubernetes 1.33 and later, with the
-``packed`` CPU sorting strategy and no uncore-cache alignment) and is checked against
-kubelet's own test vectors (``tests/unit/test_cpuset_picker.py``):
+same CPUs picked. So this module follows kubelet's ``pkg/kubelet/cm/cpumanager``
+(``cpu_assignment.go`` and ``policy_static.go`` as of Kubernetes 1.35/1.36, with every CPU
+manager policy option) and is checked against kubelet's own test vectors
+(``tests/unit/test_cpuset_picker.py``):
 
 - default: ``takeByTopologyNUMAPacked``. Whole NUMA nodes and whole sockets first (the
   bigger of the two levels first), then whole cores, then single threads; at every level
   the candidates with the fewest free CPUs come first, ties by id.
-- ``spread_numa``: the ``distribute-cpus-across-numa`` option
-  (``takeByTopologyNUMADistributed``): the request is split evenly over the fewest NUMA
-  nodes that can hold it, remainders placed where they keep the nodes most balanced.
-- ``full_cores``: the ``full-pcpus-only`` option: requests that are not whole cores are
-  refused (kubelet's ``SMTAlignmentError``); with ``spread_numa`` CPUs move in whole cores.
+- ``uncore_cache``: ``prefer-align-cpus-by-uncorecache``. Between the NUMA/socket step and
+  the core step, whole free uncore (L3) caches are taken while the request still needs at
+  least an uncore's worth of CPUs, and then the first uncore cache (NUMA node by NUMA node,
+  fewest free CPUs first) whose lowest free cores hold exactly what is still needed.
+- ``spread_cores``: ``distribute-cpus-across-cores``. No whole-core step, and single
+  threads are taken socket by socket in CPU id order, so siblings are taken last.
+- ``spread_numa``: ``distribute-cpus-across-numa`` (``takeByTopologyNUMADistributed``): the
+  request is split evenly over the fewest NUMA nodes that can hold it, remainders placed
+  where they keep the nodes most balanced; with ``align_socket`` too, NUMA node sets within
+  one socket win over any set spanning sockets.
+- ``full_cores``: ``full-pcpus-only``: requests that are not whole cores are refused
+  (kubelet's ``SMTAlignmentError``); with ``spread_numa`` CPUs move in whole cores.
 - ``numa_affinity``: the NUMA nodes the topology merge chose; the CPUs of those nodes are
-  taken first, the rest from anywhere (kubelet's ``allocateCPUs``).
+  taken first, the rest from anywhere (kubelet's ``allocateCPUs``). With ``align_socket``
+  (``align-by-socket``) the CPUs of the sockets of those nodes are taken first instead.
 
-Reserved CPUs by count are kubelet's reserved pick too: ``take_cpus(topo, topo.online, n)``.
+``take_reserved`` is kubelet's pick of reserved CPUs by count (``NewStaticPolicy``): the same
+choice over all online CPUs, without the admission checks.
 
-Ids follow kubelet's ``CPUDetails``: cores, sockets and NUMA nodes are compared by the
-number of free CPUs they hold, then by id, so a core's id must be unique on the machine
-(``CPUInfo.core``). Per-topology indexes are built once and cached while the topology lives.
+Ids follow kubelet's ``CPUDetails``: cores, sockets, NUMA nodes and uncore caches are
+compared by the number of free CPUs they hold, then by id, so a core's id must be unique on
+the machine (``CPUInfo.core``). A CPU's uncore cache is its L3 (``CPUInfo.l3``), or its
+socket when sysfs shows no L3 (kubelet's fallback). Per-topology indexes are built once and
+cached while the topology lives.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from dataclasses import dataclass
 
 from crihook.hooks.node.topology import Topology
 
-__all__ = ["CPUAllocationError", "SMTAlignmentError", "take_cpus"]
+__all__ = ["CPUAllocationError", "SMTAlignmentError", "take_cpus", "take_reserved"]
 
 
 class CPUAllocationError(ValueError):
@@ -78,13 +89,18 @@ def take_cpus(
     spread_numa: bool = False,
     full_cores: bool = False,
     numa_affinity: AbstractSet[int] | None = None,
+    uncore_cache: bool = False,
+    spread_cores: bool = False,
+    align_socket: bool = False,
 ) -> frozenset[int]:
     """Pick ``count`` CPUs out of ``available`` exactly as kubelet's static policy would.
 
     ``available``: the CPUs that may be handed out (free and not reserved, plus any CPUs the
     caller lets this container reuse). ``full_cores`` counts as free physical CPUs the CPUs of
     ``available`` whose whole core is in ``available`` (kubelet's ``availablePhysicalCPUs``
-    when every allocation is whole cores, the norm under ``full-pcpus-only``).
+    when every allocation is whole cores, the norm under ``full-pcpus-only``). The other
+    flags are the policy options the module docstring names; the option rules (which ones
+    combine) are checked where the options are parsed, not here.
 
     Raises ``SMTAlignmentError`` (``full_cores``) or ``CPUAllocationError``: ``count`` below
     1, CPUs in ``available`` that are not online, or fewer CPUs than asked for.
@@ -110,21 +126,66 @@ def take_cpus(
     if count > len(free):
         raise _not_enough(count, len(free))
 
+    choice = _Choice(spread_numa, group_size, uncore_cache, spread_cores, align_socket)
     taken: frozenset[int] = frozenset()
     if numa_affinity is not None:
-        aligned = frozenset(c for c in free if index.cpu_numa[c] in numa_affinity)
-        taken = _take_by_topology(
-            index, aligned, min(count, len(aligned)), spread_numa=spread_numa, group_size=group_size
-        )
-    rest = _take_by_topology(
-        index, free - taken, count - len(taken), spread_numa=spread_numa, group_size=group_size
-    )
+        aligned = _aligned_cpus(index, free, numa_affinity, align_socket)
+        taken = _take_by_topology(index, aligned, min(count, len(aligned)), choice)
+    rest = _take_by_topology(index, free - taken, count - len(taken), choice)
     result = taken | rest
     if len(result) != count or not result <= free:  # a bug here must not pin two containers
         raise CPUAllocationError(
             f"internal error: picked cpus {_cpu_list(result)} for {count} of {_cpu_list(free)}"
         )
     return result
+
+
+def take_reserved(
+    topology: Topology,
+    count: int,
+    *,
+    spread_numa: bool = False,
+    full_cores: bool = False,
+    uncore_cache: bool = False,
+    spread_cores: bool = False,
+    align_socket: bool = False,
+) -> frozenset[int]:
+    """kubelet's reserved CPUs by count: its ``takeByTopology`` over every online CPU.
+
+    The policy options steer the choice as they steer ``take_cpus`` (``full_cores`` only sets
+    the group size of ``spread_numa``); there is no admission check, so an odd count under
+    ``full-pcpus-only`` is fine. ``count`` 0 reserves nothing; CPUAllocationError when the
+    node has fewer CPUs than ``count``.
+    """
+    index = _index(topology)
+    if count < 0:
+        raise CPUAllocationError(f"invalid count of reserved cpus: {count}")
+    group_size = index.cpus_per_core if full_cores else 1
+    choice = _Choice(spread_numa, group_size, uncore_cache, spread_cores, align_socket)
+    return _take_by_topology(index, index.online, count, choice)
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """The policy options that steer kubelet's ``takeByTopology``."""
+
+    spread_numa: bool = False
+    group_size: int = 1
+    """CPUs moved together by the distributed pick (a core's worth under full-pcpus-only)."""
+    uncore: bool = False
+    spread_cores: bool = False
+    align_socket: bool = False
+
+
+def _aligned_cpus(
+    index: _Index, free: frozenset[int], numa_affinity: AbstractSet[int], align_socket: bool
+) -> frozenset[int]:
+    """kubelet's ``getAlignedCPUs``: the free CPUs of the hinted NUMA nodes, or with
+    align-by-socket of the sockets those NUMA nodes are on."""
+    if align_socket:
+        sockets = {s for n in numa_affinity for s in index.numa_sockets.get(n, ())}
+        return frozenset(c for c in free if index.cpu_socket[c] in sockets)
+    return frozenset(c for c in free if index.cpu_numa[c] in numa_affinity)
 
 
 # --- the per-topology index ------------------------------------------------------------
@@ -138,16 +199,23 @@ class _Index:
     cpu_core: dict[int, int]
     cpu_numa: dict[int, int]
     cpu_socket: dict[int, int]
+    cpu_uncore: dict[int, int]
     core_cpus: dict[int, tuple[int, ...]]
     numa_cpus: dict[int, frozenset[int]]
     socket_cpus: dict[int, frozenset[int]]
+    uncore_cpus: dict[int, frozenset[int]]
+    socket_order: dict[int, tuple[int, ...]]
+    """A socket's CPUs by id (the spread order of distribute-cpus-across-cores)."""
     numa_nodes: tuple[int, ...]
     numa_sockets: dict[int, tuple[int, ...]]
     socket_numas: dict[int, tuple[int, ...]]
     socket_cores: dict[int, tuple[int, ...]]
     numa_cores: dict[int, tuple[int, ...]]
+    numa_uncores: dict[int, tuple[int, ...]]
+    uncore_cores: dict[int, tuple[int, ...]]
     cpus_per_socket: int
     cpus_per_core: int
+    cpus_per_uncore: int
     numa_first: bool
     """NUMA nodes at least as big as sockets: whole NUMA nodes are taken before sockets."""
 
@@ -172,28 +240,42 @@ class _Index:
         cpu_core = {c.id: c.core for c in infos}
         cpu_numa = {c.id: c.numa for c in infos}
         cpu_socket = {c.id: c.socket for c in infos}
+        # kubelet's getUncoreCacheID: the L3's id, the socket's without an L3.
+        cpu_uncore = {c.id: c.l3 if c.l3 >= 0 else c.socket for c in infos}
         core_cpus = {core: tuple(cpus) for core, cpus in group(cpu_core).items()}
         numa_cpus = {n: frozenset(cpus) for n, cpus in group(cpu_numa).items()}
-        socket_cpus = {s: frozenset(cpus) for s, cpus in group(cpu_socket).items()}
+        sockets = group(cpu_socket)
+        uncore_cpus = {u: frozenset(cpus) for u, cpus in group(cpu_uncore).items()}
         n_cpus = len(infos)
         return cls(
             online=frozenset(cpu_core),
             cpu_core=cpu_core,
             cpu_numa=cpu_numa,
             cpu_socket=cpu_socket,
+            cpu_uncore=cpu_uncore,
             core_cpus=core_cpus,
             numa_cpus=numa_cpus,
-            socket_cpus=socket_cpus,
+            socket_cpus={s: frozenset(cpus) for s, cpus in sockets.items()},
+            uncore_cpus=uncore_cpus,
+            socket_order={s: tuple(cpus) for s, cpus in sockets.items()},
             numa_nodes=tuple(sorted(numa_cpus)),
             numa_sockets=pairs((c.numa, c.socket) for c in infos),
             socket_numas=pairs((c.socket, c.numa) for c in infos),
             socket_cores=pairs((c.socket, c.core) for c in infos),
             numa_cores=pairs((c.numa, c.core) for c in infos),
-            # kubelet's CPUsPerSocket / CPUsPerCore: integer averages over the machine.
-            cpus_per_socket=n_cpus // len(socket_cpus),
+            numa_uncores=pairs((c.numa, cpu_uncore[c.id]) for c in infos),
+            uncore_cores=pairs((cpu_uncore[c.id], c.core) for c in infos),
+            # kubelet's CPUsPerSocket / CPUsPerCore / CPUsPerUncore: integer averages over
+            # the machine.
+            cpus_per_socket=n_cpus // len(sockets),
             cpus_per_core=n_cpus // len(core_cpus),
-            numa_first=len(socket_cpus) >= len(numa_cpus),
+            cpus_per_uncore=n_cpus // len(uncore_cpus),
+            numa_first=len(sockets) >= len(numa_cpus),
         )
+
+    def same_socket(self, numas: Iterable[int]) -> bool:
+        """kubelet's ``AreNUMANodesInSameSocket``."""
+        return len({s for n in numas for s in self.numa_sockets[n]}) == 1
 
 
 _INDEXES: dict[int, tuple[weakref.ref[Topology], _Index]] = {}
@@ -251,7 +333,9 @@ class _Accumulator:
     """The free CPUs, what was taken so far and how many are still needed.
 
     Free-CPU counts per core, NUMA node, socket and (NUMA node, socket) pair are kept up to
-    date as CPUs are taken, so each ordering below is a sort of a few dozen ids.
+    date as CPUs are taken, so each ordering below is a sort of a few dozen ids; per uncore
+    cache and (NUMA node, uncore cache) pair too when the uncore option asks for them.
+    ``spread``: distribute-cpus-across-cores, kubelet's ``CPUSortingStrategySpread``.
     """
 
     __slots__ = (
@@ -260,16 +344,30 @@ class _Accumulator:
         "index",
         "needed",
         "numa_free",
+        "numa_uncore_free",
         "pair_free",
         "result",
         "socket_free",
+        "spread",
+        "uncore",
+        "uncore_free",
     )
 
-    def __init__(self, index: _Index, available: Iterable[int], count: int) -> None:
+    def __init__(
+        self,
+        index: _Index,
+        available: Iterable[int],
+        count: int,
+        *,
+        uncore: bool = False,
+        spread: bool = False,
+    ) -> None:
         self.index = index
         self.free: set[int] = set(available)
         self.needed = count
         self.result: set[int] = set()
+        self.uncore = uncore
+        self.spread = spread
         free = self.free
         self.core_free: dict[int, int] = Counter(map(index.cpu_core.__getitem__, free))
         self.numa_free: dict[int, int] = Counter(map(index.cpu_numa.__getitem__, free))
@@ -277,18 +375,27 @@ class _Accumulator:
         self.pair_free: dict[tuple[int, int], int] = Counter(
             (index.cpu_numa[c], index.cpu_socket[c]) for c in free
         )
+        self.uncore_free: dict[int, int] = {}
+        self.numa_uncore_free: dict[tuple[int, int], int] = {}
+        if uncore:
+            self.uncore_free = Counter(map(index.cpu_uncore.__getitem__, free))
+            self.numa_uncore_free = Counter((index.cpu_numa[c], index.cpu_uncore[c]) for c in free)
 
-    def take(self, cpus: AbstractSet[int] | tuple[int, ...]) -> None:
+    def take(self, cpus: AbstractSet[int] | tuple[int, ...] | list[int]) -> None:
+        index = self.index
         for cpu in cpus:
             self.result.add(cpu)
             if cpu in self.free:
                 self.free.remove(cpu)
-                index = self.index
                 numa, socket = index.cpu_numa[cpu], index.cpu_socket[cpu]
                 self.core_free[index.cpu_core[cpu]] -= 1
                 self.numa_free[numa] -= 1
                 self.socket_free[socket] -= 1
                 self.pair_free[numa, socket] -= 1
+                if self.uncore:
+                    uncore = index.cpu_uncore[cpu]
+                    self.uncore_free[uncore] -= 1
+                    self.numa_uncore_free[numa, uncore] -= 1
         self.needed -= len(cpus)
 
     @property
@@ -325,6 +432,17 @@ class _Accumulator:
             out.extend(_by_free(sockets, self.socket_free))
         return out
 
+    def sort_uncores(self) -> list[int]:
+        """kubelet's ``sortAvailableUncoreCaches``: NUMA node by NUMA node (in their order),
+        the uncore caches with a free CPU on that node, by free CPUs in the whole cache. An
+        uncore cache spanning NUMA nodes is listed once per node, as kubelet lists it."""
+        out: list[int] = []
+        pair_free = self.numa_uncore_free
+        for numa in self.sort_numa_nodes():
+            uncores = (u for u in self.index.numa_uncores[numa] if pair_free.get((numa, u), 0))
+            out.extend(_by_free(uncores, self.uncore_free))
+        return out
+
     def sort_cores(self) -> list[int]:
         index, core_free = self.index, self.core_free
         if index.numa_first:
@@ -337,7 +455,13 @@ class _Accumulator:
         return out
 
     def sort_cpus(self) -> list[int]:
-        free, core_cpus = self.free, self.index.core_cpus
+        """kubelet's availableCPUSorter: packed (core by core) or spread (socket by socket,
+        by CPU id, so a core's siblings come last)."""
+        free = self.free
+        if self.spread:
+            order = self.index.socket_order
+            return [cpu for socket in self.sort_sockets() for cpu in order[socket] if cpu in free]
+        core_cpus = self.index.core_cpus
         return [cpu for core in self.sort_cores() for cpu in core_cpus[core] if cpu in free]
 
     def free_numa_nodes(self) -> list[int]:
@@ -357,6 +481,10 @@ class _Accumulator:
         core_cpus = self.index.core_cpus
         return [c for c in self.sort_cores() if self.core_free[c] == len(core_cpus[c])]
 
+    def free_uncores(self) -> list[int]:
+        uncore_cpus = self.index.uncore_cpus
+        return [u for u in self.sort_uncores() if self.uncore_free[u] == len(uncore_cpus[u])]
+
     # Taking whole topology elements. Each list is computed once, then walked.
 
     def take_full_numa_nodes(self) -> None:
@@ -370,6 +498,45 @@ class _Accumulator:
             cpus = self.index.socket_cpus[socket]
             if self.needed >= len(cpus):
                 self.take(cpus)
+
+    def take_full_uncores(self) -> None:
+        uncore_cpus, uncore_free = self.index.uncore_cpus, self.uncore_free
+        for uncore in self.free_uncores():
+            cpus = uncore_cpus[uncore]
+            # A cache listed twice (it spans NUMA nodes) is taken once: kubelet would count
+            # its CPUs twice and come out short.
+            if self.needed >= len(cpus) and uncore_free[uncore] == len(cpus):
+                self.take(cpus)
+
+    def take_partial_uncore(self, uncore: int) -> None:
+        """kubelet's ``takePartialUncore``: the cache's lowest cores with a free CPU, as many
+        as the rest of the request needs in whole cores; taken only when their free CPUs are
+        exactly what is needed (one CPU fewer for an odd request on SMT machines)."""
+        index, free = self.index, self.free
+        per_core = index.cpus_per_core
+        cores_needed = (self.needed + per_core - 1) // per_core
+        cores = [
+            core
+            for core in index.uncore_cores[uncore]
+            if any(c in free and index.cpu_uncore[c] == uncore for c in index.core_cpus[core])
+        ][:cores_needed]
+        cpus = sorted(c for core in cores for c in index.core_cpus[core] if c in free)
+        if self.needed % 2 and per_core > 1 and len(cpus) > self.needed:
+            cpus.pop()
+        if len(cpus) == self.needed:
+            self.take(cpus)
+
+    def take_uncore_caches(self) -> None:
+        """kubelet's ``takeUncoreCache``."""
+        per_uncore = self.index.cpus_per_uncore
+        for uncore in self.sort_uncores():
+            if self.needed >= per_uncore:
+                self.take_full_uncores()
+            if self.satisfied:
+                return
+            self.take_partial_uncore(uncore)
+            if self.satisfied:
+                return
 
     def take_full_cores(self) -> None:
         for core in self.free_cores():
@@ -404,16 +571,32 @@ def _by_free(ids: Iterable[int], free: dict[int, int]) -> list[int]:
 
 
 def _take_by_topology(
-    index: _Index, available: frozenset[int], count: int, *, spread_numa: bool, group_size: int
+    index: _Index, available: frozenset[int], count: int, choice: _Choice
 ) -> frozenset[int]:
     """kubelet's ``staticPolicy.takeByTopology``: no admission checks, just the choice."""
-    if spread_numa:
-        return _take_distributed(index, available, count, group_size)
-    return _take_packed(index, available, count)
+    if choice.spread_numa:
+        return _take_distributed(
+            index,
+            available,
+            count,
+            choice.group_size,
+            spread_cores=choice.spread_cores,
+            align_socket=choice.align_socket,
+        )
+    return _take_packed(
+        index, available, count, uncore=choice.uncore, spread_cores=choice.spread_cores
+    )
 
 
-def _take_packed(index: _Index, available: frozenset[int], count: int) -> frozenset[int]:
-    acc = _Accumulator(index, available, count)
+def _take_packed(
+    index: _Index,
+    available: frozenset[int],
+    count: int,
+    *,
+    uncore: bool = False,
+    spread_cores: bool = False,
+) -> frozenset[int]:
+    acc = _Accumulator(index, available, count, uncore=uncore, spread=spread_cores)
     if acc.satisfied:
         return frozenset()
     if acc.failed:
@@ -426,7 +609,9 @@ def _take_packed(index: _Index, available: frozenset[int], count: int) -> frozen
         acc.take_full_sockets()
         if not acc.satisfied:
             acc.take_full_numa_nodes()
-    if not acc.satisfied:
+    if uncore and not acc.satisfied:
+        acc.take_uncore_caches()
+    if not spread_cores and not acc.satisfied:
         acc.take_full_cores()
     if not acc.satisfied:
         acc.take_remaining_cpus()
@@ -436,16 +621,28 @@ def _take_packed(index: _Index, available: frozenset[int], count: int) -> frozen
 
 
 def _take_distributed(
-    index: _Index, available: frozenset[int], count: int, group_size: int
+    index: _Index,
+    available: frozenset[int],
+    count: int,
+    group_size: int,
+    *,
+    spread_cores: bool = False,
+    align_socket: bool = False,
 ) -> frozenset[int]:
     """``distribute-cpus-across-numa`` (KEP-2902), CPUs moving in groups of ``group_size``.
 
+    ``align_socket`` (align-by-socket too): a NUMA node set within one socket beats any set
+    spanning sockets whatever their balance, and a node gives at most what it holds in whole
+    groups (the rest of the even share goes to the remainder).
+
     Two places where kubelet would loop forever (remainder CPUs that cannot be handed out in
-    whole groups) count here as "this NUMA node subset cannot take the remainder".
+    whole groups) count here as "this NUMA node subset cannot take the remainder"; a set
+    chosen for its socket that then cannot take its remainder fails with kubelet's
+    accounting error.
     """
     if count % group_size:
-        return _take_packed(index, available, count)
-    acc = _Accumulator(index, available, count)
+        return _take_packed(index, available, count, spread_cores=spread_cores)
+    acc = _Accumulator(index, available, count, spread=spread_cores)
     if acc.satisfied:
         return frozenset()
     if acc.failed:
@@ -456,10 +653,11 @@ def _take_distributed(
     fewest, most = acc.numa_range_needed(group_size)
     for k in range(fewest, most + 1):
         best_balance = math.inf
+        best_in_socket = False
         best_combo: tuple[int, ...] | None = None
         best_remainder: tuple[int, ...] = ()
         for combo in itertools.combinations(numas, k):
-            if best_balance == 0:
+            if best_balance == 0 and (not align_socket or best_in_socket):
                 break
             in_combo = [free_of[n] for n in combo]
             if sum(in_combo) < count:
@@ -467,6 +665,8 @@ def _take_distributed(
             if sum(f // group_size for f in in_combo) * group_size < count:
                 continue
             distribution = (count // k // group_size) * group_size
+            if align_socket:
+                distribution = min(distribution, *(f // group_size * group_size for f in in_combo))
             if any(f < distribution for f in in_combo):
                 continue
             after = dict(free_of)
@@ -474,14 +674,25 @@ def _take_distributed(
                 after[n] -= distribution
             remainder = count - distribution * k
             balance, spill = _best_spill(after, combo, remainder, group_size)
-            if balance < best_balance:
+            in_socket = align_socket and index.same_socket(combo)
+            better = balance < best_balance
+            if align_socket and in_socket != best_in_socket:
+                better = in_socket
+            if better:
                 best_balance, best_combo, best_remainder = balance, combo, spill
+                best_in_socket = in_socket
         if best_combo is None:
             continue
 
         distribution = (count // len(best_combo) // group_size) * group_size
+        for numa in best_combo:  # no node gives more than it holds in whole groups
+            distribution = min(distribution, acc.numa_free[numa] // group_size * group_size)
         for numa in best_combo:
-            acc.take(_take_packed_or_nothing(index, acc.free_in_numa(numa), distribution))
+            acc.take(
+                _take_packed_or_nothing(
+                    index, acc.free_in_numa(numa), distribution, spread_cores=spread_cores
+                )
+            )
         remainder = count - distribution * len(best_combo)
         while remainder > 0:
             progressed = False
@@ -490,7 +701,11 @@ def _take_distributed(
                     break
                 if acc.numa_free.get(numa, 0) < group_size:
                     continue
-                acc.take(_take_packed_or_nothing(index, acc.free_in_numa(numa), group_size))
+                acc.take(
+                    _take_packed_or_nothing(
+                        index, acc.free_in_numa(numa), group_size, spread_cores=spread_cores
+                    )
+                )
                 remainder -= group_size
                 progressed = True
             if not progressed:
@@ -505,7 +720,7 @@ def _take_distributed(
             )
         return frozenset(acc.result)
 
-    return _take_packed(index, available, count)
+    return _take_packed(index, available, count, spread_cores=spread_cores)
 
 
 def _best_spill(
@@ -554,10 +769,12 @@ def _best_spill(
     return best, best_subset
 
 
-def _take_packed_or_nothing(index: _Index, available: frozenset[int], count: int) -> frozenset[int]:
+def _take_packed_or_nothing(
+    index: _Index, available: frozenset[int], count: int, *, spread_cores: bool
+) -> frozenset[int]:
     # kubelet drops this error; the accounting check after the loop reports the shortfall.
     try:
-        return _take_packed(index, available, count)
+        return _take_packed(index, available, count, spread_cores=spread_cores)
     except CPUAllocationError:
         return frozenset()
 

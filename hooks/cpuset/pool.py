@@ -4,8 +4,9 @@ The node's CPUs are split as kubelet's static CPU manager splits them:
 - exclusive CPUs, held by containers of Guaranteed pods with whole-CPU requests (or by a pod
   bubble: pod-level resources under the `pod` topology scope, from which the pod's own
   exclusive containers take slices);
-- the shared pool: the online CPUs nobody holds, reserved CPUs included (kubelet's "default
-  cpuset"). Reserved CPUs are never handed out exclusively.
+- the shared pool: the online CPUs nobody holds (kubelet's "default cpuset"), reserved CPUs
+  included, or without them under kubelet's `strict-cpu-reservation` (`strict_reservation`):
+  then no container runs on a reserved CPU. Reserved CPUs are never handed out exclusively.
 
 Holders are keyed by container id once the runtime created the container, and by a
 reservation key (`<pod id>/<name>/<attempt>`) between the pre stage and the runtime's answer.
@@ -110,6 +111,8 @@ class CpuPool:
     topology: Topology
     reserved: frozenset[int]
     state: HookState
+    strict_reservation: bool = False
+    """kubelet's `strict-cpu-reservation`: the reserved CPUs are out of the shared pool too."""
     containers: dict[str, Holder] = field(default_factory=dict)
     pending: dict[str, Holder] = field(default_factory=dict)
     bubbles: dict[str, Bubble] = field(default_factory=dict)
@@ -122,8 +125,10 @@ class CpuPool:
         return frozenset(self._refs)
 
     def shared_pool(self) -> frozenset[int]:
-        """The node's shared pool: online CPUs nobody holds (reserved ones included)."""
-        return self.topology.online - self.held()
+        """The node's shared pool: online CPUs nobody holds, reserved ones included unless
+        `strict_reservation` (kubelet's default cpuset either way)."""
+        pool = self.topology.online - self.held()
+        return pool - self.reserved if self.strict_reservation else pool
 
     def free(self) -> frozenset[int]:
         """What may be handed out exclusively: the shared pool without the reserved CPUs."""

@@ -19,6 +19,9 @@ Named machines:
   8 cores (16 L3s, two per node), as on a dual EPYC 7763.
 - :data:`OFFLINE_CPUS`: 2 x 8 x 2 = 32 CPUs, a NUMA node per socket, with CPUs 3 and 19 (all of
   core 3) and CPU 28 (one thread of core 12, leaving CPU 12 a one-thread core) offline.
+- :data:`UNCORE_SMALL_L3`: 2 x 16 x 2 = 64 CPUs, 2 NUMA nodes per socket (8 cores each) and an
+  L3 per 4 cores: L3 groups smaller than a NUMA node, two per node (core k is CPUs k and
+  k+32; NUMA node k // 8; L3 k // 4), the shape ``prefer-align-cpus-by-uncorecache`` is for.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "GIB",
     "NAMED_SPECS",
     "OFFLINE_CPUS",
+    "UNCORE_SMALL_L3",
     "MachineSpec",
     "Numbering",
     "SpecCPU",
@@ -182,12 +186,21 @@ OFFLINE_CPUS = MachineSpec(
     memory_per_numa=32 * GIB,
     offline=frozenset({3, 19, 28}),
 )
+UNCORE_SMALL_L3 = MachineSpec(
+    sockets=2,
+    cores_per_socket=16,
+    threads_per_core=2,
+    numa_per_socket=2,
+    l3_cores=4,
+    memory_per_numa=32 * GIB,
+)
 NAMED_SPECS: Mapping[str, MachineSpec] = MappingProxyType(
     {
         "DUAL_SOCKET_SMT2_2NUMA": DUAL_SOCKET_SMT2_2NUMA,
         "DUAL_SOCKET_SMT2_4NUMA": DUAL_SOCKET_SMT2_4NUMA,
         "EPYC_256_8NUMA": EPYC_256_8NUMA,
         "OFFLINE_CPUS": OFFLINE_CPUS,
+        "UNCORE_SMALL_L3": UNCORE_SMALL_L3,
     }
 )
 

@@ -9,9 +9,23 @@ fixtures set no ``UncoreCacheID``: ``l3`` is kubelet's zero value, 0. ``die`` is
 
 Where kubelet's table follows a rule (one row per CPU, all alike), the builder below states
 the rule instead of repeating the rows; the rules were checked row by row against kubelet's
-table. Newer kubelets also have uncore-cache machines (``topoUncore*``, ``*Uncore``) for the
-``prefer-align-cpus-by-uncorecache`` option, which crihook does not implement; they are not
-transcribed here.
+table.
+
+The uncore-cache machines of the ``prefer-align-cpus-by-uncorecache`` tests (``*Uncore*``,
+``policy_test.go`` and the ``topoUncore*`` of ``cpu_assignment_test.go``) carry kubelet's
+``UncoreCacheID`` as ``l3``. Three differ from kubelet's tables on purpose, because crihook
+reads what a topology is rather than a header kubelet's test author typed:
+
+- ``topoSingleSocketSingleNumaPerSocketNoSMTSmallUncore``: kubelet's header says 128 CPUs for
+  the 64 it lists, so kubelet's averages there are 2 CPUs per core and 8 per uncore cache;
+  crihook counts 1 and 4. The vectors on it come out the same.
+- ``topoDualSocketMultiNumaPerSocketUncore``: kubelet numbers socket 1's cores from 0 again
+  (core ids repeat across sockets, which kubelet's ``CPUsInCores`` then merges); crihook needs
+  unique core ids, so core = CPU id here (no SMT).
+- ``topoUncoreSingleSocketNoSMT``, ``topoUncoreSingleSocketSMT`` and
+  ``topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore``: their tables were not in the sources
+  read; they are rebuilt from kubelet's descriptions ("8 cpus per uncore", "multi uncore cache
+  single socket - SMT enabled") and from the vectors on them, which pin the layout down.
 """
 
 from __future__ import annotations
@@ -24,15 +38,33 @@ __all__ = [
     "DUAL_SOCKET_HT",
     "DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT",
     "DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT_LARGE",
+    "DUAL_SOCKET_MULTI_NUMA_UNCORE",
     "DUAL_SOCKET_NO_HT",
+    "DUAL_SOCKET_SMT_UNCORE",
+    "DUAL_SOCKET_SUB_NUMA_MONO_UNCORE",
     "HINTS_MACHINE",
+    "LARGE_SINGLE_SOCKET_SMT_UNCORE",
+    "LARGE_SINGLE_SOCKET_UNCORE",
     "MULTI_SOCKET_DUAL_SOCKET_PER_NUMA_HT",
+    "PCORE_ECORE_MONO_UNCORE",
     "QUAD_SOCKET_FOUR_WAY_HT",
     "SINGLE_SOCKET_HT",
+    "SINGLE_SOCKET_MONO_UNCORE",
+    "SINGLE_SOCKET_NO_SMT_SMALL_UNCORE",
+    "SINGLE_SOCKET_SMT_SMALL_UNCORE",
+    "SMALL_DUAL_SOCKET_NO_SMT_UNCORE",
+    "SMALL_DUAL_SOCKET_SMT_UNCORE",
+    "SMALL_SINGLE_SOCKET_NO_SMT_UNCORE",
     "TOPOLOGIES",
     "TRIPLE_SOCKET_HT",
+    "UNCORE_DUAL_SOCKET_NO_SMT",
+    "UNCORE_SINGLE_SOCKET_MULTI_NUMA",
+    "UNCORE_SINGLE_SOCKET_NO_SMT",
+    "UNCORE_SINGLE_SOCKET_SMT",
+    "UNCORE_TOPOLOGIES",
     "cores",
     "cpuset",
+    "uncore_cores",
 ]
 
 
@@ -47,13 +79,41 @@ def cpuset(spec: str) -> frozenset[int]:
 
 def cores(rows: Iterable[tuple[int, int, int, Sequence[int]]]) -> Topology:
     """Build a topology from (core id, socket id, NUMA node id, the core's CPUs) rows."""
+    return uncore_cores((core, socket, numa, 0, threads) for core, socket, numa, threads in rows)
+
+
+def uncore_cores(rows: Iterable[tuple[int, int, int, int, Sequence[int]]]) -> Topology:
+    """Build a topology from (core id, socket id, NUMA node id, uncore cache id, the core's
+    CPUs) rows."""
     cpus: list[CPUInfo] = []
-    for core, socket, numa, threads in rows:
-        cpus.extend(CPUInfo(cpu, socket, 0, core, numa, 0) for cpu in threads)
+    for core, socket, numa, uncore, threads in rows:
+        cpus.extend(CPUInfo(cpu, socket, 0, core, numa, uncore) for cpu in threads)
     ids = [c.id for c in cpus]
     if len(ids) != len(set(ids)):
         raise ValueError("a CPU appears in two cores")
     return Topology.build(cpus)
+
+
+def _regular(
+    n_cores: int,
+    *,
+    threads: int,
+    per_socket: int,
+    per_numa: int,
+    per_uncore: int,
+) -> Topology:
+    """Cores 0..n-1, core k being CPUs k, k+n, ... (Linux's numbering), sockets, NUMA nodes
+    and uncore caches splitting the cores into consecutive groups of the given sizes."""
+    return uncore_cores(
+        (
+            k,
+            k // per_socket,
+            k // per_numa,
+            k // per_uncore,
+            tuple(k + t * n_cores for t in range(threads)),
+        )
+        for k in range(n_cores)
+    )
 
 
 def _smt2(n_cores: int, cores_per_numa: int, numas_per_socket: int) -> Topology:
@@ -193,6 +253,97 @@ DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT_LARGE = _smt2(
 # (4,10) (5,11).
 HINTS_MACHINE = cores((i, i // 3, i // 3, (i, i + 6)) for i in range(6))
 
+# --- uncore-cache machines ------------------------------------------------------------------
+
+# topoUncoreSingleSocketNoSMT: 16 CPUs, one socket and NUMA node, an uncore cache per 4 cores.
+UNCORE_SINGLE_SOCKET_NO_SMT = _regular(16, threads=1, per_socket=16, per_numa=16, per_uncore=4)
+
+# topoUncoreDualSocketNoSMT: 16 CPUs, a socket (= NUMA node) per 8, an uncore cache per 4.
+UNCORE_DUAL_SOCKET_NO_SMT = _regular(16, threads=1, per_socket=8, per_numa=8, per_uncore=4)
+
+# topoUncoreSingleSocketMultiNuma: 16 CPUs, one socket, NUMA nodes 0-7 and 8-15, an uncore
+# cache per 4 CPUs.
+UNCORE_SINGLE_SOCKET_MULTI_NUMA = _regular(16, threads=1, per_socket=16, per_numa=8, per_uncore=4)
+
+# topoUncoreSingleSocketSMT: 8 cores of 2 threads (k, k+8), two uncore caches of 4 cores.
+UNCORE_SINGLE_SOCKET_SMT = _regular(8, threads=2, per_socket=8, per_numa=8, per_uncore=4)
+
+# topoDualSocketSingleNumaPerSocketSMTUncore (dual AMD EPYC 9654): 192 cores (k, k+192), a
+# socket = NUMA node per 96 cores, an uncore cache per 8 cores (24 of 16 CPUs).
+DUAL_SOCKET_SMT_UNCORE = _regular(192, threads=2, per_socket=96, per_numa=96, per_uncore=8)
+
+# topoSingleSocketSingleNumaPerSocketSMTSmallUncore (AMD EPYC 7702P): 64 cores (k, k+64),
+# an uncore cache per 4 cores (16 of 8 CPUs).
+SINGLE_SOCKET_SMT_SMALL_UNCORE = _regular(64, threads=2, per_socket=64, per_numa=64, per_uncore=4)
+
+# topoSingleSocketSingleNumaPerSocketNoSMTSmallUncore (EPYC 7702P without SMT): 64 CPUs, an
+# uncore cache per 4.
+SINGLE_SOCKET_NO_SMT_SMALL_UNCORE = _regular(
+    64, threads=1, per_socket=64, per_numa=64, per_uncore=4
+)
+
+# topoSmallDualSocketSingleNumaPerSocketSMTUncore (dual AMD EPYC 7303): 64 cores (k, k+64), a
+# socket = NUMA node per 32 cores, an uncore cache per 8 cores.
+SMALL_DUAL_SOCKET_SMT_UNCORE = _regular(64, threads=2, per_socket=32, per_numa=32, per_uncore=8)
+
+# topoSmallDualSocketSingleNumaPerSocketNoSMTUncore: the same without SMT (64 CPUs).
+SMALL_DUAL_SOCKET_NO_SMT_UNCORE = _regular(64, threads=1, per_socket=32, per_numa=32, per_uncore=8)
+
+# topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore: 32 CPUs, an uncore cache per 8.
+SMALL_SINGLE_SOCKET_NO_SMT_UNCORE = _regular(
+    32, threads=1, per_socket=32, per_numa=32, per_uncore=8
+)
+
+# topoLargeSingleSocketSingleNumaPerSocketSMTUncore: 128 cores (k, k+128), an uncore cache
+# per 8 cores (16 of 16 CPUs).
+LARGE_SINGLE_SOCKET_SMT_UNCORE = _regular(
+    128, threads=2, per_socket=128, per_numa=128, per_uncore=8
+)
+
+# topoDualSocketMultiNumaPerSocketUncore (dual EPYC 9654, NPS=2, no SMT): 192 CPUs, a NUMA
+# node per 48, a socket per 96, an uncore cache per 8 (core ids unique, see above).
+DUAL_SOCKET_MULTI_NUMA_UNCORE = _regular(192, threads=1, per_socket=96, per_numa=48, per_uncore=8)
+
+# topoDualSocketSubNumaPerSocketHTMonolithicUncore (dual Xeon Platinum 8490H, SNC): 120 cores
+# (k, k+120), a NUMA node per 30 cores, a socket per 60, one uncore cache per socket.
+DUAL_SOCKET_SUB_NUMA_MONO_UNCORE = _regular(
+    120, threads=2, per_socket=60, per_numa=30, per_uncore=60
+)
+
+# topoSingleSocketSingleNumaPerSocketPCoreHTMonolithicUncore (Core i7-12850HX): 8 E-cores of
+# one thread (CPUs 0-7) and 8 P-cores of two (core k = CPUs k and k+8 for k in 8-15), one
+# uncore cache.
+PCORE_ECORE_MONO_UNCORE = uncore_cores(
+    [(k, 0, 0, 0, (k,)) for k in range(8)] + [(k, 0, 0, 0, (k, k + 8)) for k in range(8, 16)]
+)
+
+# topoLargeSingleSocketSingleNumaPerSocketUncore (Ampere Altra 128C): 128 CPUs, an uncore
+# cache per 8.
+LARGE_SINGLE_SOCKET_UNCORE = _regular(128, threads=1, per_socket=128, per_numa=128, per_uncore=8)
+
+# topoSingleSocketSingleNumaPerSocketUncore (AWS Graviton3): 64 CPUs, one uncore cache.
+SINGLE_SOCKET_MONO_UNCORE = _regular(64, threads=1, per_socket=64, per_numa=64, per_uncore=64)
+
+UNCORE_TOPOLOGIES: dict[str, Topology] = {
+    "topoUncoreSingleSocketNoSMT": UNCORE_SINGLE_SOCKET_NO_SMT,
+    "topoUncoreDualSocketNoSMT": UNCORE_DUAL_SOCKET_NO_SMT,
+    "topoUncoreSingleSocketMultiNuma": UNCORE_SINGLE_SOCKET_MULTI_NUMA,
+    "topoUncoreSingleSocketSMT": UNCORE_SINGLE_SOCKET_SMT,
+    "topoDualSocketSingleNumaPerSocketSMTUncore": DUAL_SOCKET_SMT_UNCORE,
+    "topoSingleSocketSingleNumaPerSocketSMTSmallUncore": SINGLE_SOCKET_SMT_SMALL_UNCORE,
+    "topoSingleSocketSingleNumaPerSocketNoSMTSmallUncore": SINGLE_SOCKET_NO_SMT_SMALL_UNCORE,
+    "topoSmallDualSocketSingleNumaPerSocketSMTUncore": SMALL_DUAL_SOCKET_SMT_UNCORE,
+    "topoSmallDualSocketSingleNumaPerSocketNoSMTUncore": SMALL_DUAL_SOCKET_NO_SMT_UNCORE,
+    "topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore": SMALL_SINGLE_SOCKET_NO_SMT_UNCORE,
+    "topoLargeSingleSocketSingleNumaPerSocketSMTUncore": LARGE_SINGLE_SOCKET_SMT_UNCORE,
+    "topoDualSocketMultiNumaPerSocketUncore": DUAL_SOCKET_MULTI_NUMA_UNCORE,
+    "topoDualSocketSubNumaPerSocketHTMonolithicUncore": DUAL_SOCKET_SUB_NUMA_MONO_UNCORE,
+    "topoSingleSocketSingleNumaPerSocketPCoreHTMonolithicUncore": PCORE_ECORE_MONO_UNCORE,
+    "topoLargeSingleSocketSingleNumaPerSocketUncore": LARGE_SINGLE_SOCKET_UNCORE,
+    "topoSingleSocketSingleNumaPerSocketUncore": SINGLE_SOCKET_MONO_UNCORE,
+}
+"""kubelet's uncore-cache fixture name -> the machine."""
+
 TOPOLOGIES: dict[str, Topology] = {
     "topoSingleSocketHT": SINGLE_SOCKET_HT,
     "topoDualSocketHT": DUAL_SOCKET_HT,
@@ -203,5 +354,6 @@ TOPOLOGIES: dict[str, Topology] = {
     "fakeTopoMultiSocketDualSocketPerNumaHT": MULTI_SOCKET_DUAL_SOCKET_PER_NUMA_HT,
     "topoDualSocketMultiNumaPerSocketHTLarge": DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT_LARGE,
     "returnMachineInfo": HINTS_MACHINE,
+    **UNCORE_TOPOLOGIES,
 }
 """kubelet's fixture name -> the machine."""

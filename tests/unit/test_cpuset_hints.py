@@ -1,5 +1,5 @@
 """cpu_hints against kubelet's hint vectors (``topology_hints_test.go``: returnTestCases,
-TestGetPodTopologyHintsWithPolicyOptions without align-by-socket).
+TestGetPodTopologyHintsWithPolicyOptions with align-by-socket off and on).
 
 kubelet sorts hints before comparing; here the order is asserted as kubelet generates it
 (one NUMA node, then pairs, ... each in ascending order).
@@ -74,6 +74,41 @@ def test_kubelet_hints_four_numa_nodes_without_align_by_socket() -> None:
         hint(0, 1, 2, 3),
     ]
     assert cpu_hints(DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT, cpuset("2,3,11"), set(), 2) == expected
+
+
+ALL_FOUR = [(0, 1), (0, 2), (0, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1, 2, 3)]
+
+# TestGetPodTopologyHintsWithPolicyOptions with AlignBySocketOption "true", on
+# topoDualSocketMultiNumaPerSocketHT (NUMA 0-1 on socket 0, 2-3 on socket 1).
+BY_SOCKET = [
+    # CPUs free on NUMA 0 and 1; NUMA 0 alone holds 2 CPUs, so do NUMA 0 and 1 together
+    # without leaving socket 0: both preferred.
+    ("AlignBySocket:true Preferred hints contains socket aligned hints", cpuset("2,3,11"), 2,
+     [hint(0, preferred=True), hint(0, 1, preferred=True)]
+     + [hint(*m) for m in ALL_FOUR if m != (0, 1)]),
+    # 41 CPUs need three NUMA nodes, hence two sockets: every hint spanning two is preferred.
+    ("AlignBySocket:true Preferred hints are spread across socket since 2 sockets are required",
+     cpuset("0-28,40-57"), 41, [hint(0, 1, 2, preferred=True), hint(0, 1, 2, 3, preferred=True)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("available", "count", "expected"), [pytest.param(*case[1:], id=case[0]) for case in BY_SOCKET]
+)
+def test_kubelet_hints_align_by_socket(
+    available: frozenset[int], count: int, expected: list[TopologyHint]
+) -> None:
+    hints = cpu_hints(
+        DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT, available, set(), count, align_socket=True
+    )
+    assert hints == expected
+
+
+def test_align_by_socket_changes_nothing_where_sockets_are_numa_nodes() -> None:
+    for count in (2, 5, 7):
+        assert cpu_hints(HINTS_MACHINE, cpuset("2-11"), set(), count, align_socket=True) == (
+            cpu_hints(HINTS_MACHINE, cpuset("2-11"), set(), count)
+        )
 
 
 # Beyond kubelet's table: the reusable CPUs (generateCPUTopologyHints' second loop).

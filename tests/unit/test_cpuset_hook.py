@@ -134,9 +134,9 @@ OPTIONS_BAD = [
     pytest.param({"reserved_cpus": 1.5}, "reserved_cpus must be a cpulist", id="float-count"),
     pytest.param({"reserved_cpus": "0-x"}, "reserved_cpus", id="bad-cpulist"),
     pytest.param(
-        {"policy_options": {"align-by-socket": "true"}},
-        "policy_options: 'align-by-socket' is not supported",
-        id="unsupported-kubelet-option",
+        {"policy_options": {"prefer-closest-numa-nodes": "true"}},
+        "policy_options: 'prefer-closest-numa-nodes' is not supported",
+        id="not-a-cpu-manager-option",
     ),
     pytest.param(
         {"policy_options": {"full-pcpus-only": "yes"}},
