@@ -14,25 +14,36 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["CrihookProcess", "remove_short_tmpdirs", "short_tmpdir", "wait_for"]
+__all__ = ["CrihookProcess", "clean_up_after", "made_so_far", "short_tmpdir", "wait_for"]
 
 _VERSION = "/runtime.v1.RuntimeService/Version"
 
 
 _CREATED: list[Path] = []
+_STARTED: list[CrihookProcess] = []
 
 
 def short_tmpdir(prefix: str = "ch-") -> Path:
     """A fresh directory under /tmp: unix socket paths must stay under 107 bytes. Removed
-    after the test that made it (tests/lab/fixtures.py calls remove_short_tmpdirs)."""
+    after the test (or the module or session fixture) that made it: tests/lab/fixtures.py
+    calls clean_up_after."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     _CREATED.append(path)
     return path
 
 
-def remove_short_tmpdirs() -> None:
-    """Remove every directory short_tmpdir made (the processes using them are gone)."""
-    while _CREATED:
+def made_so_far() -> tuple[int, int]:
+    """A mark for clean_up_after: what exists now belongs to an earlier (wider) scope."""
+    return len(_CREATED), len(_STARTED)
+
+
+def clean_up_after(mark: tuple[int, int] = (0, 0)) -> None:
+    """Kill every crihook started, and remove every short temp dir made, since `mark`: a
+    test that failed between start and its `with` block leaves no server behind."""
+    dirs, procs = mark
+    while len(_STARTED) > procs:
+        _STARTED.pop().kill()
+    while len(_CREATED) > dirs:
         shutil.rmtree(_CREATED.pop(), ignore_errors=True)
 
 
@@ -105,6 +116,7 @@ class CrihookProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, start_new_session=True)
         log.close()
+        _STARTED.append(self)
         if wait:
             wait_for(
                 lambda: self.socket_path.exists() or self.proc.poll() is not None,

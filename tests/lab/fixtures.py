@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.lab.containerd import Containerd, LabError
-from tests.lab.crihook_proc import remove_short_tmpdirs
+from tests.lab.crihook_proc import clean_up_after, made_so_far
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
 
@@ -29,12 +29,23 @@ __all__ = ["PodCleanup", "containerd", "kubelet_direct", "lab_images", "pod_clea
 LAB_DIR_PREFIX = "crihook-lab-"
 
 
-@pytest.fixture(autouse=True)
-def _short_tmpdirs_removed() -> Iterator[None]:
-    """Every test leaves /tmp as it found it: the short temp dirs it made (sockets, state
-    dirs, plugin dirs) go after its other fixtures stopped what used them."""
+@pytest.fixture(autouse=True, scope="session")
+def _session_leftovers_removed() -> Iterator[None]:
+    """What module and session fixtures made (short temp dirs, crihook processes) goes at
+    the end of the session."""
     yield
-    remove_short_tmpdirs()
+    clean_up_after()
+
+
+@pytest.fixture(autouse=True)
+def _test_leftovers_removed(_session_leftovers_removed: None) -> Iterator[None]:
+    """Every test leaves /tmp as it found it: the short temp dirs it made (sockets, state
+    dirs, plugin dirs) go after its other fixtures stopped what used them, and a crihook it
+    started and did not stop is killed. Wider-scoped fixtures are set up before this one
+    (pytest sets up higher scopes first), so what they made is before the mark and stays."""
+    mark = made_so_far()
+    yield
+    clean_up_after(mark)
 
 
 @pytest.fixture(scope="session")
