@@ -47,6 +47,12 @@ BUILTIN_HOOKS: Mapping[str, BuiltinHook] = MappingProxyType(
                 "kubelet's oom_score_adj, per-namespace overrides, kept on running containers",
             ),
             BuiltinHook(
+                "guard",
+                "crihook.hooks.examples.guard:GuardHook",
+                90,
+                "example validator: no privileged containers, host paths only from a list",
+            ),
+            BuiltinHook(
                 "annotate",
                 "crihook.hooks.examples.annotate:AnnotateHook",
                 50,

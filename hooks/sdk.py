@@ -14,10 +14,11 @@ hook's `async synchronize(sync: SyncContext) -> Sequence[ContainerUpdate] | None
 containers and container states crihook knows; the plugin's in-memory state; this machine's
 topology), and each stage (on the persistent Stream, or one unary RPC per stage) by decoding the CRI
 request, calling the stage method with a HookContext and sending back its Adjustment.
-`Reject` becomes the call's reject_reason (`InvalidRequest` with reject_invalid); a failed
-stage's answer is ignored by crihook; any other exception fails the call (the plugin
-logs it with its traceback). Calls on the Stream run concurrently: a hook that answers
-without waiting is answered at once, one that waits continues in its own task.
+`Reject` becomes the call's reject_reason (`InvalidRequest` with reject_invalid, `Forbidden`
+with reject_forbidden); a failed stage's answer is ignored by crihook; any other exception
+fails the call (the plugin logs it with its traceback). Calls on the Stream run concurrently:
+a hook that answers without waiting is answered at once, one that waits continues in its own
+task.
 
 The server is crihook.hooks.remote.h2server: gRPC spoken directly over HTTP/2, so that a
 call on the Stream costs the plugin a read and a write instead of two grpc.aio batches.
@@ -55,7 +56,7 @@ from crihook.hooks.remote.convert import (
 )
 from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, RpcError, UnaryHandler
 from crihook.hooks.spec.adjustment import Adjustment
-from crihook.hooks.spec.errors import InvalidRequest, Reject
+from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage, stage_method_name
 from crihook.hooks.spec.hook import Hook, HookContext, SyncContext, subscriptions_of
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
@@ -284,6 +285,7 @@ class _Servicer:
                 seq=request.seq,
                 reject_reason=exc.reason or "rejected",
                 reject_invalid=isinstance(exc, InvalidRequest),
+                reject_forbidden=isinstance(exc, Forbidden),
             )
         name = stage_method_name(event, stage)
         if isinstance(exc, BudgetExpired):
@@ -362,6 +364,7 @@ class _PluginContext(HookContext):
         self.event, self.stage, self.state, self.timeout = event, stage, state, timeout
         self.affinity = None  # topology hints are merged in-process only
         self.failure = msg.failure
+        self.owners = dict(msg.owners)
         self._msg = msg
         self._views = views
         self._cache: dict[str, Any] = {}

@@ -119,7 +119,8 @@ class App:
         self.sync.restored(sandbox_id)
 
     async def _plugin_sync_updates(self, hook: str, updates: Sequence[ContainerUpdate]) -> None:
-        await self.pipeline.updater.send(stamp(hook, updates), {"method": "Synchronize"})
+        permitted = self.chain.permitted_updates(hook, updates)
+        await self.pipeline.updater.send(stamp(hook, permitted), {"method": "Synchronize"})
 
     def status(self) -> dict[str, Any]:
         return {

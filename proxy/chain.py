@@ -34,8 +34,10 @@ from crihook.hooks.eager import first_step, resume
 from crihook.hooks.spec import (
     Adjustment,
     ChainHook,
+    ContainerUpdate,
     ContainerView,
     Event,
+    Forbidden,
     HookContext,
     HookState,
     InvalidRequest,
@@ -45,18 +47,31 @@ from crihook.hooks.spec import (
     Stage,
     TopologyHint,
 )
+from crihook.hooks.spec.adjustment import describe_key
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
     HookError,
+    HookForbidden,
     HookInvalidAdjustment,
     HookInvalidRequest,
+    HookNotPermitted,
     HookRejected,
+    HookRequired,
     HookTimeout,
     HookUnavailable,
 )
 from crihook.proxy.merge import Merger
+from crihook.proxy.permissions import DEFAULT_GRANTS, Permissions, parse_grants
 
-__all__ = ["Breaker", "Chain", "ChainEntry", "is_exempt"]
+__all__ = [
+    "REQUIRED_ANNOTATION",
+    "REQUIRING_EVENTS",
+    "Breaker",
+    "Chain",
+    "ChainEntry",
+    "is_exempt",
+    "required_hooks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +137,8 @@ class ChainEntry:
     bounds_own_calls: bool = field(init=False)
     """The hook ends its own calls at ctx.timeout (a plugin does): no second timer."""
     honours_exemption: bool = field(init=False)
+    permissions: Permissions = field(init=False)
+    """What it may set: what it declares (or the defaults), narrowed by `allow`."""
 
     def __post_init__(self) -> None:
         self.name = self.settings.name
@@ -129,6 +146,7 @@ class ChainEntry:
         self.timeout = self.settings.timeout_ms / 1000
         self.bounds_own_calls = self.hook.bounds_own_calls
         self.honours_exemption = self.hook.honours_exemption
+        self.permissions = _permissions(self.name, self.hook.sets, self.settings.allow)
 
     def wants(self, event: Event, stage: Stage, exempt: bool = False) -> bool:
         if not self.settings.enabled or (exempt and self.honours_exemption):
@@ -139,6 +157,44 @@ class ChainEntry:
         # A plugin that is down is asked for its pre and post stages anyway (and fails):
         # its failure policy, not its absence, decides what happens to the call.
         return stage in (Stage.PRE, Stage.POST) and not self.hook.connected
+
+
+def _permissions(
+    name: str, declared: tuple[str, ...] | None, allow: tuple[str, ...] | None
+) -> Permissions:
+    """A hook that declares what it sets (a built-in one) keeps that, narrowed by `allow`; one
+    that declares nothing (a plugin) gets `allow`, or the defaults without it."""
+    where = f"hook {name}"
+    if declared is None:
+        grants = DEFAULT_GRANTS if allow is None else parse_grants(allow, where)
+        return Permissions((grants,))
+    layers = [parse_grants(declared, where)]
+    if allow is not None:
+        layers.append(parse_grants(allow, where))
+    return Permissions(tuple(layers))
+
+
+REQUIRED_ANNOTATION = "hooks.crihook.io/required"
+# Required hooks are enforced where a pod or container is made or shaped. Teardown is never
+# refused for them: refusing StopPodSandbox would only keep alive what already runs.
+REQUIRING_EVENTS = frozenset(
+    {
+        Event.RUN_POD_SANDBOX,
+        Event.CREATE_CONTAINER,
+        Event.START_CONTAINER,
+        Event.UPDATE_CONTAINER_RESOURCES,
+        Event.UPDATE_POD_SANDBOX_RESOURCES,
+    }
+)
+
+
+def required_hooks(settings: ChainSettings, pod: PodView) -> tuple[frozenset[str], frozenset[str]]:
+    """Base names of the hooks that must run successfully for this pod's calls: those the
+    configuration requires, and those the pod's annotation adds."""
+    raw = pod.annotations.get(REQUIRED_ANNOTATION, "")
+    asked = {n.strip() for n in raw.split(",") if n.strip()}
+    by_pod = frozenset(n[3:] if n[:2].isdigit() and n[2:3] == "-" else n for n in asked)
+    return frozenset(settings.required_hooks), by_pod
 
 
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
@@ -193,8 +249,31 @@ class Chain:
     def wants(self, event: Event, stage: Stage, exempt: bool = False) -> bool:
         return any(e.wants(event, stage, exempt) for e in self.entries)
 
+    def permitted_updates(
+        self, hook: str, updates: Sequence[ContainerUpdate]
+    ) -> Sequence[ContainerUpdate]:
+        """A hook's synchronize repairs, or none of them if any changes what the hook may not
+        set (there is no call to fail: they are dropped, logged and counted)."""
+        entry = next((e for e in self.entries if e.name == hook), None)
+        if entry is None or not updates:
+            return updates
+        denied = list(entry.permissions.denied_updates(updates))
+        if not denied:
+            return updates
+        entry.counters["not_permitted"] += 1
+        log.error(
+            "hook %s: synchronize repairs dropped: it may not set %s", hook, ", ".join(denied)
+        )
+        return ()
+
     def exempt(self, pod: PodView) -> bool:
         return is_exempt(self.settings, pod)
+
+    def requires(self, event: Event, pod: PodView) -> bool:
+        """Some hook must run successfully for this call (cheap: checked on every call)."""
+        return event in REQUIRING_EVENTS and bool(
+            self.settings.required_hooks or REQUIRED_ANNOTATION in pod.annotations
+        )
 
     # --- running a stage ---------------------------------------------------------------------
     async def run(
@@ -212,18 +291,22 @@ class Chain:
         ran: list[str] | None = None,
     ) -> Merger:
         """Run every subscribed hook of a pre or post stage; returns the merge (request
-        changed in place unless dry-run). Raises a HookError/HookConflict that must fail the
-        call. `ran` collects the hooks called (for the failed stage), also when it raises."""
+        changed in place unless dry-run). Raises a HookError/HookConflict/HookRequired that
+        must fail the call. `ran` collects the hooks called (for the failed stage), also when
+        it raises. In the pre stage, a required hook (config, or the pod's annotation) that
+        does not run successfully fails the call whatever its failure policy."""
         merger = Merger(event, request, self.settings.conflict, self.settings.precedence)
         post = stage is Stage.POST
+        required = self._required(event, pod) if stage is Stage.PRE else _NOT_REQUIRED
         for entry in self.entries:
-            if not entry.wants(event, stage, exempt):
+            must = required.get(entry.base_name)
+            if not self._runs(entry, event, stage, exempt, must):
                 continue
             ctx = self._context(entry, event, stage, pod, container, request, response, deadline)
             ctx.affinity = affinity
             if ran is not None:
                 ran.append(entry.name)
-            adjustment = await self._adjustment(entry, merger, post, ctx)
+            adjustment = await self._adjustment(entry, merger, post, ctx, must)
             if adjustment is None:
                 continue
             if self.settings.dry_run or entry.settings.dry_run:
@@ -241,6 +324,71 @@ class Chain:
                 # what the whole chain would do; the pipeline forwards the original bytes.
             merger.add(entry.name, entry.base_name, adjustment)
         return merger
+
+    async def run_validate(
+        self,
+        event: Event,
+        pod: PodView,
+        container: ContainerView | None,
+        request: Message,
+        merger: Merger,
+        deadline: float | None,
+        *,
+        exempt: bool = False,
+    ) -> None:
+        """Every validator, on the final request: a Reject fails the call (HookRejected); a
+        validator's failure follows its policy (required validators fail the call)."""
+        owners = {describe_key(key): hook for key, hook in merger.owners.items()}
+        required = self._required(event, pod)
+        for entry in self.entries:
+            must = required.get(entry.base_name)
+            if not self._runs(entry, event, Stage.VALIDATE, exempt, must):
+                continue
+            ctx = self._context(
+                entry, event, Stage.VALIDATE, pod, container, request, None, deadline
+            )
+            ctx.owners = owners
+            try:
+                answer = await self._invoke(entry, ctx)
+                if answer is not None:
+                    raise HookInvalidAdjustment(
+                        entry.name, f"a validator returned {type(answer).__name__}, not None"
+                    )
+            except HookRejected:
+                raise
+            except HookError as error:
+                self._fail_or_ignore(entry, error, event, pod, must)
+
+    def _required(self, event: Event, pod: PodView) -> dict[str, str]:
+        """Required hooks (base name → who requires it); HookRequired for one not there."""
+        if not self.requires(event, pod):
+            return _NOT_REQUIRED  # the common case, on every call: no sets built
+        by_config, by_pod = required_hooks(self.settings, pod)
+        if not by_config and not by_pod:
+            return _NOT_REQUIRED
+        present = {e.base_name for e in self.entries}
+        missing = sorted((by_config | by_pod) - present)
+        if missing:
+            raise HookRequired(
+                f"required hook(s) {', '.join(missing)} are not in the chain "
+                f"(required by {_who_requires(missing[0], by_config)})"
+            )
+        required = dict.fromkeys(by_pod, f"the pod's {REQUIRED_ANNOTATION} annotation")
+        required.update(dict.fromkeys(by_config, "the configuration ([hooks] required_hooks)"))
+        return required
+
+    def _runs(
+        self, entry: ChainEntry, event: Event, stage: Stage, exempt: bool, must: str | None
+    ) -> bool:
+        """Whether the hook is called; HookRequired when a required one is not. A pod cannot
+        exempt itself from a hook the configuration requires."""
+        by_config = must is not None and must.startswith("the configuration")
+        if entry.wants(event, stage, exempt and not by_config):
+            return True
+        if must is None or not _subscribes(entry, event, stage):
+            return False
+        why = "it is disabled" if not entry.settings.enabled else "the pod is exempt from it"
+        raise HookRequired(f"hook {entry.name!r} is required by {must}, and {why}")
 
     async def run_hints(
         self,
@@ -313,16 +461,22 @@ class Chain:
         return HookContext(event, stage, pod, container, request, response, state, timeout)
 
     async def _adjustment(
-        self, entry: ChainEntry, merger: Merger, post: bool, ctx: HookContext
+        self,
+        entry: ChainEntry,
+        merger: Merger,
+        post: bool,
+        ctx: HookContext,
+        must: str | None = None,
     ) -> Adjustment | None:
-        """A pre/post call: its valid, non-empty adjustment, or None (nothing to apply, or an
-        ignored failure); raises for a Reject and for a failure under `fail`."""
+        """A pre/post call: its valid, permitted, non-empty adjustment, or None (nothing to
+        apply, or an ignored failure); raises for a Reject, for a failure under `fail`, and
+        for any failure of a required hook (`must`: who requires it)."""
         try:
             answer = await self._invoke(entry, ctx)
         except HookRejected:
             raise
         except HookError as error:
-            self._fail_or_ignore(entry, error, ctx.event, ctx.pod)
+            self._fail_or_ignore(entry, error, ctx.event, ctx.pod, must)
             merger.unapplied[entry.name] = f"{error} (failure_policy=ignore)"
             return None
         if answer is None or (isinstance(answer, Adjustment) and not answer):
@@ -333,18 +487,28 @@ class Chain:
                     entry.name, f"returned {type(answer).__name__}, not an Adjustment"
                 )
             merger.validate(entry.name, answer, post)
-        except HookInvalidAdjustment as error:
+            denied = list(entry.permissions.denied(answer))
+            if denied:
+                entry.counters["not_permitted"] += 1
+                merger.refused.append({"hook": entry.name, "fields": denied})
+                grants = (", ".join(g) or "nothing" for g in entry.permissions.describe())
+                raise HookNotPermitted(
+                    entry.name,
+                    f"may not set {', '.join(denied)} (it may set: {' and '.join(grants)}; "
+                    "see allow in its settings)",
+                )
+        except (HookInvalidAdjustment, HookNotPermitted) as error:
             entry.breaker.failure()
             entry.counters["failures"] += 1
-            self._fail_or_ignore(entry, error, ctx.event, ctx.pod)
+            self._fail_or_ignore(entry, error, ctx.event, ctx.pod, must)
             merger.unapplied[entry.name] = f"{error} (failure_policy=ignore)"
             return None
         return answer
 
     async def _invoke(self, entry: ChainEntry, ctx: HookContext) -> Any:
         """Call the hook within its budget, keeping its breaker and counters. Returns its
-        answer; raises HookRejected/HookInvalidRequest for a refusal, another HookError for
-        a failure (a skip by an open breaker included)."""
+        answer; raises HookRejected (HookInvalidRequest, HookForbidden) for a refusal, another
+        HookError for a failure (a skip by an open breaker included)."""
         event, stage = ctx.event, ctx.stage
         breaker = entry.breaker
         if breaker.failures >= breaker.threshold and not breaker.allows():
@@ -368,6 +532,10 @@ class Chain:
             entry.breaker.success()  # it answered: a refusal is not a failure
             entry.counters["rejected"] += 1
             raise HookInvalidRequest(entry.name, f"{event.value}: {exc.reason}") from exc
+        except Forbidden as exc:
+            entry.breaker.success()
+            entry.counters["rejected"] += 1
+            raise HookForbidden(entry.name, f"{event.value} not allowed: {exc.reason}") from exc
         except Reject as exc:
             entry.breaker.success()
             entry.counters["rejected"] += 1
@@ -407,9 +575,19 @@ class Chain:
         raise error
 
     def _fail_or_ignore(
-        self, entry: ChainEntry, error: HookError, event: Event, pod: PodView
+        self,
+        entry: ChainEntry,
+        error: HookError,
+        event: Event,
+        pod: PodView,
+        must: str | None = None,
     ) -> None:
-        """Raise for `fail`; count and log for `ignore`."""
+        """Raise for `fail` and for a required hook; count and log for `ignore`."""
+        if must is not None:
+            entry.counters["required_failures"] += 1
+            raise HookRequired(
+                f"hook {entry.name!r} is required by {must}, and did not run: {error}"
+            ) from error
         if entry.settings.failure_policy == "fail":
             raise error
         entry.counters["ignored"] += 1
@@ -431,6 +609,7 @@ class Chain:
                 "enabled": e.settings.enabled,
                 "connected": e.hook.connected,
                 "honours_exemption": e.honours_exemption,
+                "permissions": e.permissions.describe(),
                 "subscriptions": sorted(
                     f"{s.value}-{ev.value}" for ev, s in e.hook.subscriptions()
                 ),
@@ -461,3 +640,18 @@ def _check_hints(hook: str, answer: object) -> ResourceHints:
         if hints is not None and not all(isinstance(h, TopologyHint) for h in hints):
             raise HookInvalidAdjustment(hook, f"hints for {resource!r} are not TopologyHints")
     return answer
+
+
+_NOT_REQUIRED: dict[str, str] = {}
+
+
+def _subscribes(entry: ChainEntry, event: Event, stage: Stage) -> bool:
+    """The hook handles this stage (a plugin that is down: its pre stage, as `wants`)."""
+    subscribed = (event, stage) in entry.hook.subscriptions()
+    return subscribed or (stage is Stage.PRE and not entry.hook.connected)
+
+
+def _who_requires(name: str, by_config: frozenset[str]) -> str:
+    if name in by_config:
+        return "the configuration ([hooks] required_hooks)"
+    return f"the pod's {REQUIRED_ANNOTATION} annotation"

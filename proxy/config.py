@@ -17,6 +17,7 @@ from typing import Any
 
 from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.proxy.errors import ConfigError
+from crihook.proxy.permissions import parse_grants
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -107,6 +108,9 @@ class HookSettings:
     """In-process hook: `package.module:Class` (built-ins need none)."""
     endpoint: str | None = None
     """Out-of-process plugin: `unix:///path` of its socket."""
+    allow: tuple[str, ...] | None = None
+    """What the hook may set (`cpuset_cpus`, `annotation:example.com/*`, `device:/dev/fuse`);
+    None: what it declares, or labels, annotations and container resources."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Hook-specific settings, handed to the hook as they are."""
 
@@ -135,6 +139,9 @@ class ChainSettings:
     """Drop-in directory of out-of-process plugins, one TOML file each."""
     dry_run: bool = False
     """Global dry-run: every hook computes and logs, nothing is applied."""
+    required_hooks: tuple[str, ...] = ()
+    """Hooks (names) that must run successfully for every call they handle, whatever their
+    failure policy, also for exempt pods; pods add their own with `hooks.crihook.io/required`."""
     hook_tables: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -185,6 +192,14 @@ def parse_hook_name(setting: str, name: object) -> str:
     return name
 
 
+def _base_hook_name(setting: str, name: str) -> str:
+    """`cpuset` or `20-cpuset` → `cpuset`."""
+    base = name[3:] if _HOOK_NAME.match(name) else name
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", base):
+        raise ConfigError(setting, f"{name!r} is not a hook name")
+    return base
+
+
 def expand_hook_name(setting: str, name: object) -> str:
     """`NN-name`, or a built-in hook's bare name at its default position (`cpuset` is
     `20-cpuset`)."""
@@ -220,7 +235,14 @@ _TOP_KEYS = {
     "node",
 }
 _NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope"}
-_CHAIN_KEYS = {"order", "conflict", "precedence", "exempt_namespaces", "exempt_labels"}
+_CHAIN_KEYS = {
+    "order",
+    "conflict",
+    "precedence",
+    "exempt_namespaces",
+    "exempt_labels",
+    "required_hooks",
+}
 HOOK_KEYS = {
     "failure_policy",
     "timeout_ms",
@@ -230,6 +252,7 @@ HOOK_KEYS = {
     "breaker_reset_seconds",
     "module",
     "endpoint",
+    "allow",
 }
 
 
@@ -313,6 +336,13 @@ def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> Ho
         kw["module"] = module
     if "endpoint" in known:
         kw["endpoint"] = normalize_endpoint(f"{section} endpoint", known["endpoint"])
+    if "allow" in known:
+        allow = _str_list(f"{section} allow", known["allow"])
+        try:
+            parse_grants(allow, f"{section} allow")
+        except ValueError as exc:
+            raise ConfigError(f"{section} allow", str(exc).split(": ", 1)[-1]) from None
+        kw["allow"] = allow
     return HookSettings(**kw)
 
 
@@ -351,6 +381,11 @@ def _chain_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
     if "exempt_namespaces" in table:
         out["exempt_namespaces"] = _str_list(
             "[hooks] exempt_namespaces", table["exempt_namespaces"]
+        )
+    if "required_hooks" in table:
+        out["required_hooks"] = tuple(
+            _base_hook_name("[hooks] required_hooks", n)
+            for n in _str_list("[hooks] required_hooks", table["required_hooks"])
         )
     if "exempt_labels" in table:
         labels = _typed("[hooks] exempt_labels", table["exempt_labels"], dict, "a table")

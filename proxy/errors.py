@@ -12,8 +12,13 @@
     │   ├── HookTimeout               the hook did not answer in time (DEADLINE_EXCEEDED)
     │   ├── HookUnavailable           the plugin cannot be reached (UNAVAILABLE)
     │   ├── HookRejected              the hook refused the request (FAILED_PRECONDITION)
-    │   │   └── HookInvalidRequest    the hook found the request malformed (INVALID_ARGUMENT)
-    │   └── HookInvalidAdjustment     the hook returned something this call cannot carry (INTERNAL)
+    │   │   ├── HookInvalidRequest    the hook found the request malformed (INVALID_ARGUMENT)
+    │   │   └── HookForbidden         the node's policy does not allow what the request asks
+    │   │                             (PERMISSION_DENIED)
+    │   ├── HookInvalidAdjustment     the hook returned something this call cannot carry (INTERNAL)
+    │   └── HookNotPermitted          the hook set a field it is not granted (PERMISSION_DENIED)
+    ├── HookRequired                  a required hook did not run successfully
+    │                                 (FAILED_PRECONDITION, whatever its failure policy)
     ├── HookConflict                  two hooks set the same field (FAILED_PRECONDITION)
     └── TopologyRejected              the topology policy cannot place the container or pod
                                       (FAILED_PRECONDITION)
@@ -34,9 +39,12 @@ __all__ = [
     "CrihookError",
     "HookConflict",
     "HookError",
+    "HookForbidden",
     "HookInvalidAdjustment",
     "HookInvalidRequest",
+    "HookNotPermitted",
     "HookRejected",
+    "HookRequired",
     "HookTimeout",
     "HookUnavailable",
     "RequestInvalid",
@@ -115,8 +123,26 @@ class HookInvalidRequest(HookRejected):
     status = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class HookForbidden(HookRejected):
+    """The hook refused what the request asks for: the node's policy does not allow it (a
+    device or host path outside the allowlist, a namespace that may not ask)."""
+
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
 class HookInvalidAdjustment(HookError):
     status = grpc.StatusCode.INTERNAL
+
+
+class HookNotPermitted(HookError):
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
+class HookRequired(CrihookError):
+    """A hook the configuration or the pod requires did not run successfully (down, skipped
+    by its breaker, timed out, failed, exempted, or not in the chain)."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class HookConflict(CrihookError):

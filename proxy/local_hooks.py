@@ -37,6 +37,7 @@ class LocalHook:
         self.name = name
         self.impl = impl
         self.honours_exemption = bool(impl.honours_exemption)
+        self.sets = impl.sets
         self._subs = subscriptions_of(impl)
         self._methods: dict[tuple[Event, Stage], StageMethod] = {
             (e, s): getattr(impl, stage_method_name(e, s)) for e, s in self._subs

@@ -128,6 +128,8 @@ class Merger:
         self.updates: list[PendingUpdate] = []
         self.unapplied: dict[str, str] = {}
         """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
+        self.refused: list[dict[str, Any]] = []
+        """Changes hooks were not permitted to make ({hook, fields}), for the audit."""
 
     @property
     def changed(self) -> bool:

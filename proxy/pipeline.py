@@ -376,10 +376,12 @@ class Pipeline:
                 sandbox_linux.cgroup_parent = call.pod_record.view.cgroup_parent
                 changed = True
         chain = self.chain
-        if not chain.entries:
+        required = chain.requires(call.event, call.pod)
+        if not chain.entries and not required:
             return None, changed
         exempt = chain.exempt(call.pod)
-        if not chain.wants(call.event, Stage.PRE, exempt):
+        validate = chain.wants(call.event, Stage.VALIDATE, exempt)
+        if not (validate or required or chain.wants(call.event, Stage.PRE, exempt)):
             return None, changed
         affinity = await self._place(call, deadline, exempt)
         dry_run = chain.settings.dry_run
@@ -402,11 +404,33 @@ class Pipeline:
                 affinity=affinity,
                 ran=ran,
             )
+        if validate or required:
+            await self._validate(call, target, merger, deadline, exempt, dry_run)
         if changes.last:
             await self.store.write_ahead(changes.last)  # on disk before the runtime acts
         if dry_run:
             return merger, changed
         return merger, changed or merger.changed
+
+    async def _validate(
+        self,
+        call: _Call,
+        request: Message,
+        merger: Merger,
+        deadline: float | None,
+        exempt: bool,
+        dry_run: bool,
+    ) -> None:
+        """Validators see the request as it would be forwarded and who set what; a refusal
+        fails the call before anything reaches the runtime (in dry-run it is logged)."""
+        try:
+            await self.chain.run_validate(
+                call.event, call.pod, call.container, request, merger, deadline, exempt=exempt
+            )
+        except HookRejected as exc:
+            if not dry_run:
+                raise
+            log.info("dry-run: %s would refuse the call", exc, extra=call.describe())
 
     async def _place(self, call: _Call, deadline: float | None, exempt: bool) -> Any:
         """The NUMA placement the topology policy picks from every hook's hints, or None."""
@@ -425,7 +449,7 @@ class Pipeline:
         """Keep the store true to what the runtime now has. An answer without the id it
         must carry is not stored (the store never holds an empty id)."""
         event, req = call.event, call.request
-        audit = _audit(event, merger) if merger and merger.changed else {}
+        audit = _audit(event, merger) if merger and (merger.changed or merger.refused) else {}
         if event is Event.RUN_POD_SANDBOX:
             if not response.pod_sandbox_id:
                 log.error("RunPodSandbox answered without a sandbox id; not stored")
@@ -518,13 +542,22 @@ class Pipeline:
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
     """The store's audit entries of one call: per field, who set it to what (the dicts of
-    FieldChange.to_dict plus the call), built directly: this runs on every adjusted call."""
+    FieldChange.to_dict plus the call), built directly: this runs on every adjusted call.
+    Changes a hook was not permitted to make are kept too, as `refused <hook>`."""
     now, name, values = time.time(), event.value, merger.values
     entries = {}
     for key, hook in merger.owners.items():
         label = describe_key(key)
         value = jsonable(values[key])
         entries[label] = {"hook": hook, "field": label, "value": value, "event": name, "at": now}
+    for refusal in merger.refused:
+        hook = refusal["hook"]
+        entries[f"refused {hook}"] = {
+            "hook": hook,
+            "refused": refusal["fields"],
+            "event": name,
+            "at": now,
+        }
     return entries
 
 

@@ -73,6 +73,8 @@ def render_state(doc: dict[str, Any]) -> str:
                 f"  hook {hook['name']} ({hook['kind']}, {hook['failure_policy']}, "
                 f"breaker {hook['breaker']}, connected={connected}) {counters}"
             )
+            for layer in hook.get("permissions", []):
+                lines.append(f"    may set: {', '.join(layer) or 'nothing'}")
     containers_by_pod: dict[str, list[dict[str, Any]]] = {}
     for record in doc["containers"].values():
         containers_by_pod.setdefault(record["view"]["pod_id"], []).append(record)
@@ -115,10 +117,16 @@ def _store_health(store: dict[str, Any]) -> list[str]:
 
 
 def _owners(audit: dict[str, Any], indent: str) -> list[str]:
-    return [
-        f"{indent}{field} = {json.dumps(a['value'])}  (set by {a['hook']} at {a['event']})"
-        for field, a in sorted(audit.items())
-    ]
+    lines = []
+    for field, a in sorted(audit.items()):
+        if "refused" in a:
+            refused = ", ".join(a["refused"])
+            lines.append(f"{indent}REFUSED {refused}  (asked by {a['hook']} at {a['event']})")
+        else:
+            lines.append(
+                f"{indent}{field} = {json.dumps(a['value'])}  (set by {a['hook']} at {a['event']})"
+            )
+    return lines
 
 
 def show_state(state_dir: Path, as_json: bool) -> int:

@@ -174,7 +174,7 @@ class Synchronizer:
                     exc_info=not isinstance(exc, TimeoutError | ConnectionError),
                 )
                 continue
-            pending.extend(stamp(entry.name, updates))
+            pending.extend(stamp(entry.name, self.chain.permitted_updates(entry.name, updates)))
         self.store.write_behind()
         if pending:
             log.info("synchronize (%s): %d repair update(s)", reason, len(pending))

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 class CpusetHook(Hook):
     honours_exemption = False
+    sets = ("cpuset_cpus", "cpu_quota")
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

@@ -126,6 +126,7 @@ def container_requests(container: ContainerView) -> dict[str, int] | None:
 
 class NumaHook(Hook):
     honours_exemption = False
+    sets = ("cpuset_mems",)
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

@@ -103,6 +103,8 @@ def chosen_score(options: OomOptions, pod: PodView) -> int | None:
 
 
 class OomHook(Hook):
+    sets = ("oom_score_adj",)
+
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.config = parse_options(self.options)

@@ -46,7 +46,7 @@ from crihook.hooks.remote.convert import (
 )
 from crihook.hooks.remote.h2stream import GrpcStream, StreamEnded
 from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
-from crihook.hooks.spec.errors import InvalidRequest, Reject
+from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage
 from crihook.hooks.spec.hook import HookContext, SyncContext
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
@@ -182,6 +182,7 @@ class StageRequestEncoder:
             stage=_STAGES[ctx.stage],
             timeout_ms=min(max(1, int(ctx.timeout * 1000)), 2**32 - 1),
             failure=ctx.failure,
+            owners=ctx.owners,
         )
         parts = [head.SerializeToString(), self._view(_POD_TAG, ctx.pod)]
         if ctx.container is not None:
@@ -207,6 +208,8 @@ def _result(response: hook_pb2.StageResponse) -> Adjustment | None:
     if response.reject_reason:
         if response.reject_invalid:
             raise InvalidRequest(response.reject_reason)
+        if response.reject_forbidden:
+            raise Forbidden(response.reject_reason)
         raise Reject(response.reject_reason)
     if response.error:
         raise RuntimeError(f"plugin failed: {response.error}")
@@ -391,6 +394,7 @@ class RemoteHook:
 
     bounds_own_calls = True  # every call ends by ctx.timeout: the chain adds no timer of its own
     honours_exemption = True  # a plugin's own pods must never wait on that plugin
+    sets = None  # a plugin declares nothing: the defaults, narrowed by its drop-in's allow
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ from crihook.hooks.spec.adjustment import (
     Mount,
     ResourceDelta,
 )
-from crihook.hooks.spec.errors import InvalidRequest, Reject
+from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import Event, Stage, stage_method_name
 from crihook.hooks.spec.hints import ResourceHints, TopologyHint
 from crihook.hooks.spec.hook import (
@@ -47,6 +47,7 @@ __all__ = [
     "Event",
     "Field",
     "FieldKey",
+    "Forbidden",
     "Hook",
     "HookContext",
     "HookState",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InvalidRequest", "Reject"]
+__all__ = ["Forbidden", "InvalidRequest", "Reject"]
 
 
 class Reject(Exception):
@@ -20,3 +20,9 @@ class Reject(Exception):
 class InvalidRequest(Reject):
     """The request itself is malformed for this hook (an annotation that does not parse, a
     value outside what the node allows): the CRI call fails with INVALID_ARGUMENT."""
+
+
+class Forbidden(Reject):
+    """The request is well formed, and the node's policy does not allow it (a device, a host
+    path or an interface outside the allowlist, a namespace that may not ask): the CRI call
+    fails with PERMISSION_DENIED."""

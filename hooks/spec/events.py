@@ -3,6 +3,8 @@
 hints  (CreateContainer, RunPodSandbox) NUMA placements a resource hook could make; merged
        under the node's topology policy before the pre stage (in-process hooks)
 pre    before the runtime sees the call: may adjust it
+validate after every pre stage, before anything is forwarded: sees the final request and
+       who set each field; may only refuse the call
 post   after the runtime answered OK: may only update other containers
 failed the call failed after this hook's pre stage ran (the runtime refused it, a later
        hook failed it, the state could not be written ahead, kubelet gave up), or the
@@ -51,6 +53,7 @@ class Event(enum.Enum):
 class Stage(enum.Enum):
     HINTS = "hints"  # NUMA hints, before pre (in-process hooks)
     PRE = "pre"  # before the runtime sees the call: may adjust it
+    VALIDATE = "validate"  # after every pre stage: may only refuse the call
     POST = "post"  # after the runtime answered OK: may only update other containers
     FAILED = "failed"  # the call failed, or this hook's adjustment was not applied
 
@@ -88,7 +91,7 @@ def stage_method_name(event: Event, stage: Stage) -> str:
 # Topology hints are asked where something is placed: a container, or a pod's bubble.
 HINT_EVENTS = frozenset({Event.CREATE_CONTAINER, Event.RUN_POD_SANDBOX})
 # The stages the plugin protocol carries (hints stay in-process for now).
-PLUGIN_STAGES = (Stage.PRE, Stage.POST, Stage.FAILED)
+PLUGIN_STAGES = (Stage.PRE, Stage.VALIDATE, Stage.POST, Stage.FAILED)
 
 _BY_METHOD = {
     stage_method_name(e, s): (e, s)

@@ -108,6 +108,7 @@ class HookContext:
         "container",
         "event",
         "failure",
+        "owners",
         "pod",
         "response",
         "stage",
@@ -128,6 +129,7 @@ class HookContext:
         *,
         affinity: TopologyHint | None = None,
         failure: str = "",
+        owners: Mapping[str, str] | None = None,
     ) -> None:
         self.event = event
         self.stage = stage
@@ -144,6 +146,9 @@ class HookContext:
         CreateContainer and RunPodSandbox); None when no hook offered hints."""
         self.failure = failure
         """Failed stage: why the call failed or the adjustment was not applied."""
+        self.owners: Mapping[str, str] = owners or {}
+        """Validate stage: each field the hooks set (`cpuset_cpus`, `annotation 'a/b'`) →
+        the hook that set it. What kubelet sent itself has no owner."""
 
     @property
     def request(self) -> Message:
@@ -163,6 +168,11 @@ class HookContext:
 class Hook:
     """Base class of in-process hooks (and of SDK plugins). `options` are the hook's own
     settings from `[hooks.<name>]` (or the plugin's command line)."""
+
+    sets: tuple[str, ...] | None = None
+    """What the hook sets, as `allow` grants (`"cpuset_cpus"`, `"annotation:example.com/*"`):
+    a built-in hook declares it, and crihook refuses anything else it returns. None: the
+    defaults for hooks that declare nothing (labels, annotations, container resources)."""
 
     honours_exemption: bool = True
     """False for node-wide accounting hooks (cpuset, numa): they place and count the
@@ -220,6 +230,11 @@ class ChainHook(Protocol):
     @property
     def honours_exemption(self) -> bool:
         """False: called for exempt pods too (node-wide accounting)."""
+        ...
+
+    @property
+    def sets(self) -> tuple[str, ...] | None:
+        """What the hook declares it sets (grants), None: undeclared."""
         ...
 
     def subscriptions(self) -> frozenset[tuple[Event, Stage]]: ...

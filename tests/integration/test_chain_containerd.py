@@ -21,58 +21,9 @@ from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodSpec, PodStartError
 from tests.lab.kubelet_encoding import burstable_pod
+from tests.lab.plugin_proc import KEY, Plugin
 
 MiB = 1024 * 1024
-KEY = "example.com/annotated"
-
-
-class Plugin:
-    """The annotate example plugin, as its own process."""
-
-    def __init__(self, *extra: str, value: str = "by-plugin", key: str = KEY) -> None:
-        self.dir = short_tmpdir("pl-")
-        self.socket = self.dir / "annotate.sock"
-        self.extra = extra
-        self.key, self.value = key, value
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Plugin:
-        self.socket.unlink(missing_ok=True)
-        with open(self.dir / "plugin.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "crihook.hooks.examples.annotate",
-                    "--socket",
-                    str(self.socket),
-                    "--key",
-                    self.key,
-                    "--value",
-                    self.value,
-                    *self.extra,
-                ],
-                stdout=log,
-                stderr=log,
-            )
-        wait_for(self.socket.exists, 10, "the plugin's socket")
-        return self
-
-    def stop(self, sig: int = 15) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(10)
-        self.proc = None
-
-    def dropin(self, name: str, policy: str, timeout_ms: int = 1000, **more: object) -> str:
-        lines = [
-            f'name = "{name}"',
-            f'endpoint = "unix://{self.socket}"',
-            f'failure_policy = "{policy}"',
-            f"timeout_ms = {timeout_ms}",
-        ]
-        lines += [f"{k} = {json.dumps(v)}" for k, v in more.items()]
-        return "\n".join(lines) + "\n"
 
 
 @pytest.fixture

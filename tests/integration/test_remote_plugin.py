@@ -31,8 +31,10 @@ from crihook.hooks.spec import (
     ContainerUpdate,
     ContainerView,
     Event,
+    Forbidden,
     Hook,
     HookContext,
+    InvalidRequest,
     PodView,
     Reject,
     ResourceDelta,
@@ -240,7 +242,8 @@ async def served() -> AsyncIterator[Callable[[Hook, Path], Awaitable[sdk.PluginS
 
 # --- in-process plugins --------------------------------------------------------------------------
 class ScriptedHook(Hook):
-    """Answers by container name: `reject-*` rejects, `boom` raises, `slow-N` sleeps N ms and
+    """Answers by container name: `reject-*` rejects (`forbid-*`: Forbidden, `invalid-*`:
+    InvalidRequest), `boom` raises, `slow-N` sleeps N ms and
     names itself; post-create updates the container crihook just created."""
 
     def __init__(self) -> None:
@@ -258,6 +261,10 @@ class ScriptedHook(Hook):
         name = ctx.container.name
         if name.startswith("reject-"):
             raise Reject(f"{name} is not welcome here")
+        if name.startswith("forbid-"):
+            raise Forbidden(f"{name} is not allowed on this node")
+        if name.startswith("invalid-"):
+            raise InvalidRequest(f"{name} does not parse")
         if name == "boom":
             raise KeyError("no such thing")
         if name.startswith("slow-"):
@@ -362,8 +369,14 @@ async def test_reject_failure_and_post_stage(
         (Event.CREATE_CONTAINER, Stage.POST),
     }
 
-    with pytest.raises(Reject, match="reject-me is not welcome here"):
+    with pytest.raises(Reject, match="reject-me is not welcome here") as refused:
         await hook.call(create_ctx("reject-me"))
+    assert type(refused.value) is Reject
+    # The kind of refusal crosses the plugin boundary: it decides the CRI status.
+    with pytest.raises(Forbidden, match="forbid-me is not allowed on this node"):
+        await hook.call(create_ctx("forbid-me"))
+    with pytest.raises(InvalidRequest, match="invalid-me does not parse"):
+        await hook.call(create_ctx("invalid-me"))
     with pytest.raises(RuntimeError, match="pre_create_container: KeyError: 'no such thing'"):
         await hook.call(create_ctx("boom"))
     # Neither a refusal nor a plugin failure breaks the stream.
@@ -440,6 +453,48 @@ async def test_a_plugin_hook_sees_what_crihook_sent(
             "timeout": 2.0,
         },
     ]
+
+
+class HostPathValidator(Hook):
+    """Refuses a mount set by another hook; keeps the owners it was shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owners: list[dict[str, str]] = []
+
+    async def validate_create_container(self, ctx: HookContext) -> None:
+        self.owners.append(dict(ctx.owners))
+        for mount in ctx.request.config.mounts:  # type: ignore[attr-defined]
+            who = ctx.owners.get(f"mount {mount.container_path!r}", "kubelet")
+            raise Forbidden(f"host path {mount.host_path} asked by {who}")
+
+
+async def test_a_plugin_validator_sees_the_owners_and_may_refuse(
+    sock_dir: Path, served: Any, remote: RemoteFactory
+) -> None:
+    validator = HostPathValidator()
+    socket = sock_dir / "validator.sock"
+    await served(validator, socket)
+    hook = await remote(socket)
+    await eventually(lambda: hook.connected, "connected")
+    assert hook.subscriptions() == {(Event.CREATE_CONTAINER, Stage.VALIDATE)}
+
+    def validate(mount: bool) -> HookContext:
+        ctx = create_ctx()
+        if mount:
+            ctx.request.config.mounts.add(container_path="/x", host_path="/etc")  # type: ignore[attr-defined]
+        out = HookContext(
+            Event.CREATE_CONTAINER, Stage.VALIDATE, ctx.pod, ctx.container, ctx.request, None,
+            sdk.MemoryState(), 2.0,
+        )  # fmt: skip
+        if mount:
+            out.owners = {"mount '/x'": "40-mounter", "cpuset_cpus": "20-cpuset"}
+        return out
+
+    assert await hook.call(validate(mount=False)) is None  # no mount: accepted
+    with pytest.raises(Forbidden, match="host path /etc asked by 40-mounter"):
+        await hook.call(validate(mount=True))
+    assert validator.owners == [{}, {"mount '/x'": "40-mounter", "cpuset_cpus": "20-cpuset"}]
 
 
 async def test_synchronize_receives_the_snapshot(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from crihook.hooks.spec import Adjustment, Hook, HookContext, Reject, ResourceDelta
 
 __all__ = [
+    "AddMount",
     "CountAnnotations",
     "RefuseSandbox",
     "SetEnv",
@@ -16,10 +17,19 @@ __all__ = [
 
 
 class SetEnv(Hook):
-    """Adds env `name=value` to every container."""
+    """Adds env `name=value` to every container (declared: env needs a grant)."""
+
+    sets = ("env",)
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment:
         return Adjustment().set_env(self.options["name"], self.options["value"])
+
+
+class AddMount(Hook):
+    """Mounts host path `host` at `at` in every container (a change a validator may refuse)."""
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment:
+        return Adjustment().add_mount(self.options["at"], self.options["host"])
 
 
 class SetShares(Hook):

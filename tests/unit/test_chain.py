@@ -35,6 +35,20 @@ from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.merge import Merger
 from crihook.proxy.store import HookStateStore
 
+DEFAULT_PERMISSIONS = [
+    "annotation",
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "cpuset_cpus",
+    "cpuset_mems",
+    "hugepage_limit",
+    "label",
+    "memory_limit_in_bytes",
+    "memory_swap_limit_in_bytes",
+    "oom_score_adj",
+    "unified",
+]
 POD = PodView(id="sb1", uid="u1", name="web", namespace="shop", labels={"app": "web"})
 CONTAINER = ContainerView(id="", pod_id="sb1", name="app")
 
@@ -830,6 +844,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "enabled": True,
             "connected": True,
             "honours_exemption": True,
+            "permissions": [DEFAULT_PERMISSIONS],
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2},
@@ -843,6 +858,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "enabled": True,
             "connected": True,
             "honours_exemption": True,
+            "permissions": [DEFAULT_PERMISSIONS],
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2, "failures": 2, "ignored": 2},

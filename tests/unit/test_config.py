@@ -314,6 +314,12 @@ VALID_HOOK = [
     ("breaker_reset_seconds", {"breaker_reset_seconds": 0.5}, "breaker_reset_seconds", 0.5),
     ("module", {"module": "pkg.mod:Hook"}, "module", "pkg.mod:Hook"),
     ("endpoint", {"endpoint": "/run/p.sock"}, "endpoint", "unix:///run/p.sock"),
+    (
+        "allow",
+        {"allow": ["cpuset_cpus", "annotation:example.com/*", "device:/dev/fuse"]},
+        "allow",
+        ("cpuset_cpus", "annotation:example.com/*", "device:/dev/fuse"),
+    ),
 ]
 
 
@@ -343,6 +349,10 @@ INVALID_HOOK = [
     ("module-no-class", {"module": "pkg.mod"}, "module"),
     ("module-int", {"module": 5}, "module"),
     ("endpoint-tcp", {"endpoint": "tcp://1.2.3.4:5"}, "endpoint"),
+    ("allow-not-a-list", {"allow": "cpuset_cpus"}, "allow"),
+    ("allow-unknown-field", {"allow": ["cpusets"]}, "allow"),
+    ("allow-narrowing-a-scalar", {"allow": ["cpuset_cpus:0-3"]}, "allow"),
+    ("allow-empty-pattern", {"allow": ["annotation:"]}, "allow"),
 ]
 
 
@@ -423,6 +433,14 @@ def test_hook_tables_serve_a_chain_named_by_the_flag() -> None:
     with pytest.raises(ConfigError) as info:
         apply_flags(settings_from_toml(doc), {"hooks": "oom"})
     assert info.value.setting == "[hooks.cpuset]"
+
+
+def test_required_hooks_are_base_names() -> None:
+    settings = settings_from_toml({"hooks": {"required_hooks": ["cpuset", "50-guard"]}})
+    assert settings.chain.required_hooks == ("cpuset", "guard")
+    with pytest.raises(ConfigError) as info:
+        settings_from_toml({"hooks": {"required_hooks": ["Not A Hook"]}})
+    assert info.value.setting == "[hooks] required_hooks"
 
 
 def test_builtin_positions_are_distinct() -> None:

@@ -26,6 +26,7 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRE: _ClassVar[Stage]
     POST: _ClassVar[Stage]
     FAILED: _ClassVar[Stage]
+    VALIDATE: _ClassVar[Stage]
 EVENT_UNSPECIFIED: Event
 RUN_POD_SANDBOX: Event
 CREATE_CONTAINER: Event
@@ -40,6 +41,7 @@ STAGE_UNSPECIFIED: Stage
 PRE: Stage
 POST: Stage
 FAILED: Stage
+VALIDATE: Stage
 
 class Subscription(_message.Message):
     __slots__ = ("event", "stage")
@@ -183,7 +185,14 @@ class Container(_message.Message):
     def __init__(self, id: _Optional[str] = ..., pod_id: _Optional[str] = ..., name: _Optional[str] = ..., attempt: _Optional[int] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., kind: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., cdi_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("seq", "event", "stage", "pod", "container", "request", "response", "timeout_ms", "failure")
+    __slots__ = ("seq", "event", "stage", "pod", "container", "request", "response", "timeout_ms", "failure", "owners")
+    class OwnersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +202,7 @@ class StageRequest(_message.Message):
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     event: Event
     stage: Stage
@@ -202,21 +212,24 @@ class StageRequest(_message.Message):
     response: bytes
     timeout_ms: int
     failure: str
-    def __init__(self, seq: _Optional[int] = ..., event: _Optional[_Union[Event, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
+    owners: _containers.ScalarMap[str, str]
+    def __init__(self, seq: _Optional[int] = ..., event: _Optional[_Union[Event, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ..., request: _Optional[bytes] = ..., response: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., failure: _Optional[str] = ..., owners: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StageResponse(_message.Message):
-    __slots__ = ("seq", "adjustment", "reject_reason", "error", "reject_invalid")
+    __slots__ = ("seq", "adjustment", "reject_reason", "error", "reject_invalid", "reject_forbidden")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENT_FIELD_NUMBER: _ClassVar[int]
     REJECT_REASON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REJECT_INVALID_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FORBIDDEN_FIELD_NUMBER: _ClassVar[int]
     seq: int
     adjustment: Adjustment
     reject_reason: str
     error: str
     reject_invalid: bool
-    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ..., error: _Optional[str] = ..., reject_invalid: _Optional[bool] = ...) -> None: ...
+    reject_forbidden: bool
+    def __init__(self, seq: _Optional[int] = ..., adjustment: _Optional[_Union[Adjustment, _Mapping]] = ..., reject_reason: _Optional[str] = ..., error: _Optional[str] = ..., reject_invalid: _Optional[bool] = ..., reject_forbidden: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("container_path", "host_path", "permissions")

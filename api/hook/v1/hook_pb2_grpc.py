@@ -184,6 +184,51 @@ class PluginStub:
                 request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
                 response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
                 _registered_method=True)
+        self.ValidateRunPodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateRunPodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateCreateContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateCreateContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateStartContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateStartContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateUpdateContainerResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateUpdateContainerResources',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateStopContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateStopContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateRemoveContainer = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateRemoveContainer',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateStopPodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateStopPodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateRemovePodSandbox = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateRemovePodSandbox',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.ValidateUpdatePodSandboxResources = channel.unary_unary(
+                '/crihook.hook.v1.Plugin/ValidateUpdatePodSandboxResources',
+                request_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+                response_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+                _registered_method=True)
 
 
 class PluginServicer:
@@ -371,6 +416,60 @@ class PluginServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ValidateRunPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateCreateContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateStartContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateUpdateContainerResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateStopContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateRemoveContainer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateStopPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateRemovePodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateUpdatePodSandboxResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -521,6 +620,51 @@ def add_PluginServicer_to_server(servicer, server):
             ),
             'FailedUpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
                     servicer.FailedUpdatePodSandboxResources,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateRunPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateRunPodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateCreateContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateCreateContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateStartContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateStartContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateUpdateContainerResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateUpdateContainerResources,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateStopContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateStopContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateRemoveContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateRemoveContainer,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateStopPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateStopPodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateRemovePodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateRemovePodSandbox,
+                    request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
+                    response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
+            ),
+            'ValidateUpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateUpdatePodSandboxResources,
                     request_deserializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.FromString,
                     response_serializer=crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.SerializeToString,
             ),
@@ -1333,6 +1477,249 @@ class Plugin:
             request,
             target,
             '/crihook.hook.v1.Plugin/FailedUpdatePodSandboxResources',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateRunPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateRunPodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateCreateContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateCreateContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateStartContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateStartContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateUpdateContainerResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateUpdateContainerResources',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateStopContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateStopContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateRemoveContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateRemoveContainer',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateStopPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateStopPodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateRemovePodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateRemovePodSandbox',
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
+            crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateUpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crihook.hook.v1.Plugin/ValidateUpdatePodSandboxResources',
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageRequest.SerializeToString,
             crihook_dot_api_dot_hook_dot_v1_dot_hook__pb2.StageResponse.FromString,
             options,

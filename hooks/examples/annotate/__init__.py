@@ -68,6 +68,8 @@ def build_adjustment(options: AnnotateOptions) -> Adjustment:
 class AnnotateHook(Hook):
     """Adds the configured annotation in pre-CreateContainer."""
 
+    sets = ("annotation",)
+
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.config = parse_options(self.options)
