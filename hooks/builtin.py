@@ -1,8 +1,8 @@
 """The hooks shipped with crihook, by name, with their default place in the chain.
 
-`--hooks cpuset,numa,oom` (or `[hooks] order = ["cpuset", ...]`) takes each built-in name at
-its default position; `NN-name` overrides the position. Each hook lives in `hooks/<name>/`
-(installed as `crihook.hooks.<name>`) and is imported only when configured.
+`--hooks cpuset,numa,oom,devices,netdev` (or `[hooks] order = ["cpuset", ...]`) takes each
+built-in name at its default position; `NN-name` overrides the position. Each hook lives in
+`hooks/<name>/` (installed as `crihook.hooks.<name>`) and is imported only when configured.
 """
 
 from __future__ import annotations
@@ -53,9 +53,21 @@ BUILTIN_HOOKS: Mapping[str, BuiltinHook] = MappingProxyType(
                 "example validator: no privileged containers, host paths only from a list",
             ),
             BuiltinHook(
+                "devices",
+                "crihook.hooks.devices:DevicesHook",
+                50,
+                "device nodes, host mounts, env and NUMA-aligned pooled devices the node allows",
+            ),
+            BuiltinHook(
+                "netdev",
+                "crihook.hooks.netdev:NetdevHook",
+                60,
+                "host interfaces moved into, or macvlan/ipvlan made in, a pod's netns",
+            ),
+            BuiltinHook(
                 "annotate",
                 "crihook.hooks.examples.annotate:AnnotateHook",
-                50,
+                80,
                 "example: one configured annotation on every container",
             ),
         )

@@ -1,0 +1,330 @@
+"""The built-in `devices` hook: device nodes, host mounts, env and pooled devices that pods ask
+for by annotation, injected only as far as the node's policy allows.
+
+    CreateContainer  hints: the NUMA nodes whose free pooled devices could serve the request
+                     pre: the request checked (see `policy`), pooled devices reserved (and
+                          recorded in the container's annotation pools.crihook.io/assigned),
+                          devices, mounts and env added; a refusal names the annotation and
+                          the entry, and leaves nothing reserved
+                     post: the reservation confirmed under the container's id
+                     failed: the reservation released
+    RemoveContainer  post: the container's pooled devices go back once no container of its
+                     name is left in the pod
+    RemovePodSandbox post: everything of the pod goes back
+
+Pooled devices are held per pod and container name, as kubelet's device manager holds them:
+a restarted container gets the same ones. At start (and after a reconcile) the holdings are
+checked against the containers the runtime has, and a container that carries devices crihook
+did not record (it stopped before the runtime answered) is adopted. Exempt pods are not
+called: what they ask for is not injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, container_ask
+from crihook.hooks.devices.host import HostFiles, LinuxFiles
+from crihook.hooks.devices.policy import (
+    DevicePolicy,
+    Pool,
+    PoolDevice,
+    PooledIndex,
+    check_ask,
+    parse_policy,
+)
+from crihook.hooks.devices.pools import (
+    ASSIGNED,
+    PoolBook,
+    assigned_value,
+    device_hints,
+    preference_order,
+)
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerUpdate,
+    ContainerView,
+    Hook,
+    HookContext,
+    InvalidRequest,
+    PodView,
+    Reject,
+    ResourceHints,
+    SyncContext,
+)
+
+__all__ = ["DevicesHook"]
+
+log = logging.getLogger(__name__)
+
+
+class DevicesHook(Hook):
+    sets = ("device", "mount", "env", f"annotation:{ASSIGNED}")
+
+    def __init__(
+        self, options: Mapping[str, Any] | None = None, *, files: HostFiles | None = None
+    ) -> None:
+        super().__init__(options)
+        self.policy: DevicePolicy = parse_policy(self.options)
+        self.files: HostFiles = files if files is not None else LinuxFiles()
+        self._book: PoolBook | None = None
+        self._numa_nodes: tuple[int, ...] = ()
+        self._pooled = PooledIndex()
+
+    # --- start-up ----------------------------------------------------------------------------
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        if self._book is None:
+            book = PoolBook(self.policy.pools, sync.state)
+            dropped = book.load()
+            for what in dropped:
+                log.error("devices: saved holding dropped: %s", what)
+            self._book = book
+        self._numa_nodes = sync.node.numa_nodes
+        freed, problems = self._book.reconcile(sync.containers)
+        for allocation in freed:
+            log.info(
+                "devices: %s of pod %s is gone; its pooled devices %s go back",
+                allocation.name,
+                allocation.pod[:12],
+                _describe(allocation.devices),
+            )
+        for problem in problems:
+            log.error("devices: not adopted: %s", problem)
+        self._pooled = await asyncio.to_thread(pooled_index, self.policy, self.files)
+        for pool in self.policy.pools.values():
+            stray = {d.numa for d in pool.devices if d.numa is not None} - set(self._numa_nodes)
+            if stray:
+                log.warning(
+                    "devices: pool %s names NUMA node(s) %s this node does not have",
+                    pool.name,
+                    ", ".join(map(str, sorted(stray))),
+                )
+            free = len(self._book.available(pool.name))
+            log.info(
+                "devices: pool %s: %d of %d device(s) free", pool.name, free, len(pool.devices)
+            )
+        return ()
+
+    @property
+    def book(self) -> PoolBook:
+        if self._book is None:
+            raise RuntimeError("devices: called before synchronize (crihook starts hooks so)")
+        return self._book
+
+    # --- CreateContainer ---------------------------------------------------------------------
+    async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
+        if not self.policy.pools:
+            return None
+        container = _container(ctx)
+        try:
+            asked = container_ask(ctx.pod.annotations, container.name).pools
+        except AnnotationError:
+            return None  # the pre stage refuses it, naming what is wrong
+        if not asked:
+            return None
+        held = self.book.of(ctx.pod.id, container.name)
+        hints: dict[str, Any] = {}
+        for name, count in asked.items():
+            pool = self.policy.pools.get(name)
+            if pool is None:
+                continue
+            if held is not None and name in held.devices:  # a restart keeps its devices
+                available = frozenset(held.devices[name])
+            else:
+                available = self.book.available(name)
+            hints[f"devices/{name}"] = device_hints(
+                pool.devices, available, count, self._numa_nodes
+            )
+        return hints or None
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        try:
+            ask = container_ask(ctx.pod.annotations, container.name)
+        except AnnotationError as exc:
+            raise InvalidRequest(str(exc)) from None
+        if not ask:
+            return None
+        # realpath and lstat of host paths: a mount may sit on a network file system
+        granted = await asyncio.to_thread(
+            check_ask, self.policy, ctx.pod.namespace, ask, self.files, self._pooled
+        )
+        adjustment = Adjustment()
+        for device, host_path in granted.devices:
+            adjustment.add_device(device.container_path, host_path, device.permissions)
+        for mount, host_path in granted.mounts:
+            adjustment.add_mount(mount.container_path, host_path, readonly=mount.readonly)
+        for entry in granted.env:
+            adjustment.set_env(entry.name, entry.value)
+        if ask.pools:
+            self._add_pooled(ctx, container, ask, adjustment)
+        return adjustment
+
+    async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        assert ctx.response is not None
+        cid: str = ctx.response.container_id  # type: ignore[attr-defined]
+        self.book.confirm(ctx.pod.id, container.name, cid)
+        return None
+
+    async def failed_create_container(self, ctx: HookContext) -> None:
+        container = _container(ctx)
+        if self.book.release_pending(ctx.pod.id, container.name):
+            log.debug("devices: reservation of %s released (%s)", container.name, ctx.failure)
+
+    # --- giving devices back -----------------------------------------------------------------
+    async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
+        freed = self.book.remove_container(_container(ctx).id)
+        if freed is not None:
+            log.debug("devices: %s gave back %s", freed.name, _describe(freed.devices))
+        return None
+
+    async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        self.book.remove_pod(ctx.pod.id)
+        return None
+
+    # --- pooled devices ----------------------------------------------------------------------
+    def _add_pooled(
+        self, ctx: HookContext, container: ContainerView, ask: ContainerAsk, out: Adjustment
+    ) -> None:
+        """Pick (or keep, for a restart) the pooled devices and add them; reserves them last,
+        once nothing can refuse the request any more."""
+        pools: list[tuple[Pool, int]] = []
+        for name, count in ask.pools.items():
+            where = ask.pools_from[name]
+            pool = self.policy.pools.get(name)
+            if pool is None:
+                known = ", ".join(sorted(self.policy.pools)) or "none"
+                raise InvalidRequest(f"{where}: this node has no pool {name!r} (pools: {known})")
+            if count > len(pool.devices):
+                raise InvalidRequest(
+                    f"{where}: {count} device(s) of pool {name} asked; it has {len(pool.devices)}"
+                )
+            pools.append((pool, count))
+        book = self.book
+        held = book.of(ctx.pod.id, container.name)
+        if held is not None:
+            wanted = {p.name: n for p, n in pools}
+            have = {p: len(ids) for p, ids in held.devices.items()}
+            if have != wanted:
+                raise Reject(
+                    f"{', '.join(sorted(set(ask.pools_from.values())))}: {container.name} of pod "
+                    f"{_pod(ctx.pod)} holds "
+                    f"{_describe(held.devices)} from an earlier attempt, not what it asks now; "
+                    "recreate the pod"
+                )
+            chosen = dict(held.devices)
+        else:
+            affinity = ctx.affinity.numa if ctx.affinity is not None else None
+            chosen = {p.name: self._pick(p, n, affinity, ask.pools_from[p.name]) for p, n in pools}
+        taken = {c.container_path for c in ask.devices}
+        for pool, _ in pools:
+            by_id = pool.by_id
+            for ident in chosen[pool.name]:
+                for path in by_id[ident].paths:
+                    if path in taken:
+                        raise InvalidRequest(
+                            f"{ask.pools_from[pool.name]}: {path} (pool {pool.name}) is also "
+                            "asked by path"
+                        )
+                    out.add_device(path, path, pool.permissions)
+            if pool.env:
+                out.set_env(pool.env, ",".join(chosen[pool.name]))
+        out.set_annotation(ASSIGNED, assigned_value(chosen))
+        if held is None:
+            book.reserve(ctx.pod.id, container.name, chosen)
+
+    def _pick(
+        self, pool: Pool, count: int, affinity: frozenset[int] | None, where: str
+    ) -> tuple[str, ...]:
+        """`count` free devices of `pool` whose nodes are on the host now; Reject when the
+        pool cannot serve it."""
+        book = self.book
+        if affinity is None and pool.aligned:  # no topology policy: still few NUMA nodes
+            available = book.available(pool.name)
+            hints = device_hints(pool.devices, available, count, self._numa_nodes) or []
+            best = min((h for h in hints if h.preferred), key=_width, default=None)
+            affinity = best.numa if best is not None else None
+        chosen: list[str] = []
+        missing: list[str] = []
+        for device in preference_order(pool.devices, affinity):
+            if book.held(pool.name, device.id):
+                continue
+            if not self._present(pool, device):
+                missing.append(device.id)
+                continue
+            chosen.append(device.id)
+            if len(chosen) == count:
+                return tuple(chosen)
+        held = len(pool.devices) - len(book.available(pool.name))
+        absent = f", {len(missing)} missing on the host ({', '.join(missing)})"
+        raise Reject(
+            f"{where}: pool {pool.name} cannot give {count} device(s): {held} of "
+            f"{len(pool.devices)} are held by other containers" + (absent if missing else "")
+        )
+
+    def _present(self, pool: Pool, device: PoolDevice) -> bool:
+        for path in device.paths:
+            try:
+                node = self.files.device(path)
+            except OSError:
+                node = None
+            if node is None:
+                log.warning("devices: pool %s device %s: %s is missing", pool.name, device.id, path)
+                return False
+        return True
+
+
+def pooled_index(policy: DevicePolicy, files: HostFiles) -> PooledIndex:
+    """The pools' device nodes as they are on the host now (missing ones are logged)."""
+    by_path: dict[str, tuple[str, str]] = {}
+    by_node = {}
+    for pool in policy.pools.values():
+        for device in pool.devices:
+            owner = (pool.name, device.id)
+            for path in device.paths:
+                by_path[path] = owner
+                try:
+                    resolved = files.resolve(path)
+                    node = files.device(resolved)
+                except OSError as exc:
+                    log.warning(
+                        "devices: pool %s device %s: %s: %s",
+                        pool.name,
+                        device.id,
+                        path,
+                        exc.strerror or exc,
+                    )
+                    continue
+                by_path[resolved] = owner
+                if node is None:
+                    log.warning(
+                        "devices: pool %s device %s: %s is not a device node",
+                        pool.name,
+                        device.id,
+                        path,
+                    )
+                    continue
+                by_node[node] = owner
+    return PooledIndex(by_path, by_node)
+
+
+def _width(hint: Any) -> tuple[int, int]:
+    nodes = hint.numa or frozenset()
+    return (len(nodes), min(nodes, default=0))
+
+
+def _describe(devices: Mapping[str, Sequence[str]]) -> str:
+    return "; ".join(f"{pool} {','.join(ids)}" for pool, ids in devices.items()) or "nothing"
+
+
+def _container(ctx: HookContext) -> ContainerView:
+    assert ctx.container is not None, "container stages always carry the container"
+    return ctx.container
+
+
+def _pod(pod: PodView) -> str:
+    return f"{pod.namespace}/{pod.name}" if pod.name else pod.id[:12]

@@ -1,0 +1,366 @@
+"""Pooled devices: who holds which, NUMA hints for a request, and the pick.
+
+A container holds its pooled devices under its pod and name, as kubelet's device manager
+keeps them: a restart of the container (a new attempt, the same name) gets the same
+devices, and they go back to the pool once no container of that name is left in the pod
+(or the pod is removed). Each device is held by one container at a time.
+
+`device_hints` and `pick_devices` follow kubelet's device manager
+(`generateDeviceTopologyHints`, `devicesToAllocate`): every set of NUMA nodes whose free
+devices can serve the request is a hint, preferred when it is as narrow as the narrowest set
+whose devices (free or not) could; a pool without any NUMA information has no preference.
+The pick takes devices on the chosen NUMA nodes first, then those without a NUMA node, then
+the others.
+
+`PoolBook` keeps the holdings and mirrors every confirmed one into the hook's persisted state
+(`a:<pod id>/<container name>` → JSON), so a restart rebuilds them; `reconcile` checks them
+against the runtime's containers. A reservation (the runtime has not answered yet) is held in
+memory: the container it is for carries its devices in the annotation ASSIGNED, so a crihook
+that stopped in between adopts it from the runtime, and a CreateContainer pays no write to
+disk before it is forwarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any
+
+from crihook.hooks.devices.policy import Pool, PoolDevice
+from crihook.hooks.spec import ContainerView, HookState, TopologyHint
+
+__all__ = [
+    "ASSIGNED",
+    "Allocation",
+    "PoolBook",
+    "assigned_value",
+    "device_hints",
+    "parse_assigned",
+    "pick_devices",
+    "preference_order",
+]
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "a:"
+ASSIGNED = "pools.crihook.io/assigned"
+"""The container annotation that records the pooled devices a container was given
+(`{"gpu": ["0", "1"]}`): the runtime keeps it with the container, so crihook can learn the
+holding from the runtime when it stopped before it recorded it."""
+
+
+def assigned_value(devices: Mapping[str, Sequence[str]]) -> str:
+    return json.dumps({p: list(ids) for p, ids in devices.items()}, separators=(",", ":"))
+
+
+def parse_assigned(value: str) -> dict[str, tuple[str, ...]]:
+    """ASSIGNED's value; ValueError when it is not what `assigned_value` writes."""
+    doc = json.loads(value)
+    if not isinstance(doc, dict) or not all(
+        isinstance(p, str) and isinstance(ids, list) and all(isinstance(i, str) for i in ids)
+        for p, ids in doc.items()
+    ):
+        raise ValueError(f"{value!r} is not a map of pool to device ids")
+    return {p: tuple(ids) for p, ids in doc.items()}
+
+
+def device_hints(
+    devices: Sequence[PoolDevice],
+    available: AbstractSet[str],
+    count: int,
+    numa_nodes: Sequence[int],
+) -> list[TopologyHint] | None:
+    """kubelet's hints for `count` devices out of `available` (ids); None: no preference (no
+    device of the pool has a NUMA node); empty: no NUMA node set can serve it."""
+    located = [d for d in devices if d.numa is not None]
+    if not located:
+        return None
+    nodes = sorted(set(numa_nodes))
+    narrowest = len(nodes)
+    hints: list[TopologyHint] = []
+    for size in range(1, len(nodes) + 1):
+        for combo in itertools.combinations(nodes, size):
+            mask = frozenset(combo)
+            inside = [d for d in located if d.numa in mask]
+            if len(inside) >= count and size < narrowest:
+                narrowest = size
+            if sum(1 for d in inside if d.id in available) >= count:
+                hints.append(TopologyHint(mask, False))
+    return [TopologyHint(h.numa, len(h.numa or ()) == narrowest) for h in hints]
+
+
+def preference_order(
+    devices: Sequence[PoolDevice], affinity: frozenset[int] | None
+) -> Sequence[PoolDevice]:
+    """The order devices are taken in: on `affinity`'s NUMA nodes first (lower nodes first),
+    then devices without a NUMA node, then the others, each in the pool's order."""
+    if affinity is None:
+        return devices
+    aligned = sorted((d for d in devices if d.numa in affinity), key=lambda d: d.numa or 0)
+    unknown = [d for d in devices if d.numa is None]
+    others = [d for d in devices if d.numa is not None and d.numa not in affinity]
+    return aligned + unknown + others
+
+
+def pick_devices(
+    devices: Sequence[PoolDevice],
+    available: AbstractSet[str],
+    count: int,
+    affinity: frozenset[int] | None,
+) -> tuple[str, ...] | None:
+    """The first `count` ids of `available` in preference order; None when there are not
+    enough."""
+    chosen = [d.id for d in preference_order(devices, affinity) if d.id in available]
+    return tuple(chosen[:count]) if len(chosen) >= count else None
+
+
+@dataclass
+class Allocation:
+    """The pooled devices of one container name in one pod."""
+
+    pod: str
+    name: str
+    devices: dict[str, tuple[str, ...]]
+    """Pool → ids, in the order they were given."""
+    containers: list[str] = field(default_factory=list)
+    """Ids of the containers (attempts) that hold them."""
+    pending: bool = False
+    """Reserved by a CreateContainer the runtime has not answered yet."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.pod}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "pod": self.pod,
+            "name": self.name,
+            "devices": {p: list(ids) for p, ids in self.devices.items()},
+            "containers": list(self.containers),
+        }
+        if self.pending:
+            doc["pending"] = True
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Allocation:
+        devices = doc["devices"]
+        if not isinstance(devices, Mapping):
+            raise TypeError("devices is not an object")
+        return cls(
+            pod=str(doc["pod"]),
+            name=str(doc["name"]),
+            devices={str(p): tuple(str(i) for i in ids) for p, ids in devices.items()},
+            containers=[str(c) for c in doc.get("containers", [])],
+            pending=bool(doc.get("pending", False)),
+        )
+
+
+class PoolBook:
+    """Who holds which pooled device. Methods change the book and the state together."""
+
+    def __init__(self, pools: Mapping[str, Pool], state: HookState) -> None:
+        self.pools = pools
+        self.state = state
+        self.allocations: dict[str, Allocation] = {}
+        self._holder: dict[tuple[str, str], str] = {}
+        """(pool, id) → allocation key."""
+        self._by_container: dict[str, str] = {}
+
+    # --- reading -----------------------------------------------------------------------------
+    def of(self, pod: str, name: str) -> Allocation | None:
+        return self.allocations.get(f"{pod}/{name}")
+
+    def available(self, pool: str) -> frozenset[str]:
+        return frozenset(d.id for d in self.pools[pool].devices if (pool, d.id) not in self._holder)
+
+    def held(self, pool: str, ident: str) -> bool:
+        return (pool, ident) in self._holder
+
+    def holder(self, pool: str, ident: str) -> Allocation | None:
+        key = self._holder.get((pool, ident))
+        return self.allocations.get(key) if key is not None else None
+
+    # --- changing ----------------------------------------------------------------------------
+    def reserve(self, pod: str, name: str, devices: Mapping[str, Sequence[str]]) -> Allocation:
+        """Hold `devices` (pool → ids, all free) for a container being created. Held in
+        memory only: the container itself carries what it was given (ASSIGNED), so a crihook
+        that stops before the runtime answers learns it from the runtime (`reconcile`)."""
+        allocation = Allocation(pod, name, {p: tuple(ids) for p, ids in devices.items()})
+        allocation.pending = True
+        self._put(allocation)
+        return allocation
+
+    def confirm(self, pod: str, name: str, container_id: str) -> bool:
+        """The runtime created the container: it holds its name's devices. False when its
+        name holds none."""
+        allocation = self.of(pod, name)
+        if allocation is None:
+            return False
+        # A container id the runtime hands out again names a new container: the one that
+        # had it is gone.
+        if self._by_container.get(container_id, allocation.key) != allocation.key:
+            self.remove_container(container_id)
+        if container_id not in allocation.containers:
+            allocation.containers.append(container_id)
+        allocation.pending = False
+        self._by_container[container_id] = allocation.key
+        self._save(allocation)
+        return True
+
+    def release_pending(self, pod: str, name: str) -> bool:
+        """A create failed: a reservation no container holds yet goes back. True if freed."""
+        allocation = self.of(pod, name)
+        if allocation is None or not allocation.pending:
+            return False
+        if allocation.containers:  # an earlier attempt still holds them
+            allocation.pending = False
+            return False
+        self._drop(allocation)
+        return True
+
+    def remove_container(self, container_id: str) -> Allocation | None:
+        """The container is gone. Returns the allocation it freed, if it was the last of its
+        name (and no create of that name is pending)."""
+        key = self._by_container.pop(container_id, None)
+        allocation = self.allocations.get(key) if key is not None else None
+        if allocation is None:
+            return None
+        if container_id in allocation.containers:
+            allocation.containers.remove(container_id)
+        if allocation.containers or allocation.pending:
+            self._save(allocation)
+            return None
+        self._drop(allocation)
+        return allocation
+
+    def remove_pod(self, pod: str) -> list[Allocation]:
+        gone = [a for a in self.allocations.values() if a.pod == pod]
+        for allocation in gone:
+            self._drop(allocation)
+        return gone
+
+    # --- persistence and the runtime ---------------------------------------------------------
+    def load(self) -> list[str]:
+        """Rebuild from the persisted state; returns the keys it dropped (unreadable, or
+        naming devices the configuration no longer has, or held twice)."""
+        self.allocations.clear()
+        self._holder.clear()
+        self._by_container.clear()
+        dropped = []
+        for key, doc in sorted(self.state.items()):
+            if not key.startswith(_PREFIX):
+                continue
+            try:
+                allocation = Allocation.from_dict(doc)
+            except (KeyError, TypeError, ValueError):
+                self.state.delete(key)
+                dropped.append(f"{key} (unreadable)")
+                continue
+            kept, lost = self._known(allocation)
+            if lost:
+                dropped.append(f"{key}: {', '.join(lost)}")
+            if not kept:
+                self.state.delete(key)
+                continue
+            allocation.devices = kept
+            self._put(allocation)
+        return dropped
+
+    def reconcile(self, containers: Iterable[ContainerView]) -> tuple[list[Allocation], list[str]]:
+        """Against the containers the runtime has: every container of a pod and name that
+        holds devices holds them (a create crihook did not see confirmed is confirmed);
+        an allocation no container holds any more goes back; a container that carries
+        devices it was given (ASSIGNED) and that the book does not know is adopted. Returns
+        those freed, and what could not be adopted (a device held by another)."""
+        live: dict[str, list[str]] = {}
+        containers = list(containers)
+        for c in containers:
+            live.setdefault(f"{c.pod_id}/{c.name}", []).append(c.id)
+        freed = []
+        for allocation in list(self.allocations.values()):
+            holders = live.get(allocation.key, [])
+            if not holders:
+                self._drop(allocation)
+                freed.append(allocation)
+                continue
+            for cid in [c for c in allocation.containers if c not in holders]:
+                allocation.containers.remove(cid)
+                self._by_container.pop(cid, None)
+            for cid in holders:
+                if cid not in allocation.containers:
+                    allocation.containers.append(cid)
+                self._by_container[cid] = allocation.key
+            allocation.pending = False
+            self._save(allocation)
+        problems = []
+        for c in containers:
+            key = f"{c.pod_id}/{c.name}"
+            raw = c.annotations.get(ASSIGNED)
+            if raw is None or key in self.allocations:
+                continue
+            try:
+                assigned = parse_assigned(raw)
+            except ValueError:
+                problems.append(f"container {c.id[:12]}: unreadable {ASSIGNED} {raw!r}")
+                continue
+            adopted = Allocation(c.pod_id, c.name, {}, containers=list(live[key]))
+            kept, lost = self._known(Allocation(c.pod_id, c.name, dict(assigned)))
+            adopted.devices = kept
+            problems.extend(f"container {c.id[:12]}: {what}" for what in lost)
+            if kept:
+                self._put(adopted)
+        return freed, problems
+
+    # --- internals ---------------------------------------------------------------------------
+    def _known(self, allocation: Allocation) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+        """The devices of `allocation` that the configuration has and nobody else holds."""
+        kept: dict[str, tuple[str, ...]] = {}
+        lost = []
+        for pool, ids in allocation.devices.items():
+            known = self.pools[pool].by_id if pool in self.pools else {}
+            keep = []
+            for ident in ids:
+                if ident not in known:
+                    lost.append(f"{pool} {ident} is no longer configured")
+                elif (pool, ident) in self._holder:
+                    lost.append(f"{pool} {ident} is held by {self._holder[(pool, ident)]} too")
+                else:
+                    keep.append(ident)
+            if keep:
+                kept[pool] = tuple(keep)
+        return kept, lost
+
+    def _put(self, allocation: Allocation) -> None:
+        old = self.allocations.get(allocation.key)
+        if old is not None:
+            self._drop(old)
+        self.allocations[allocation.key] = allocation
+        for pool, ids in allocation.devices.items():
+            for ident in ids:
+                self._holder[(pool, ident)] = allocation.key
+        for cid in allocation.containers:
+            self._by_container[cid] = allocation.key
+        self._save(allocation)
+
+    def _drop(self, allocation: Allocation) -> None:
+        if self.allocations.get(allocation.key) is not allocation:
+            return
+        del self.allocations[allocation.key]
+        for pool, ids in allocation.devices.items():
+            for ident in ids:
+                if self._holder.get((pool, ident)) == allocation.key:
+                    del self._holder[(pool, ident)]
+        for cid in allocation.containers:
+            if self._by_container.get(cid) == allocation.key:
+                del self._by_container[cid]
+        self.state.delete(_PREFIX + allocation.key)
+
+    def _save(self, allocation: Allocation) -> None:
+        if allocation.pending and not allocation.containers:
+            return  # a reservation: in memory until the runtime created its container
+        self.state.set(_PREFIX + allocation.key, allocation.to_dict())
