@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,8 +36,19 @@ timeout_ms = 500
 """
 
 
+def _out(text: str = "") -> None:
+    """Print, surviving a closed stdout (`demo.sh | tee log` and Ctrl-C: tee dies first):
+    from then on output is dropped, and the cleanup still runs."""
+    try:
+        print(text, flush=True)
+    except (BrokenPipeError, OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush is quiet too
+        os.close(devnull)
+
+
 def _say(text: str) -> None:
-    print(f"\n== {text}", flush=True)
+    _out(f"\n== {text}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _say("starting a private containerd")
         lab.start()
-        print(f"containerd {lab.endpoint} (log {lab.log_path})")
+        _out(f"containerd {lab.endpoint} (log {lab.log_path})")
         crihook = CrihookProcess(lab.endpoint, config=DEMO_CONFIG, hooks=None)
         crihook.start()
         _say("crihook is serving")
-        print(f"listen   {crihook.endpoint}")
-        print(f"runtime  {lab.endpoint}")
-        print(f"log      {crihook.log_path}")
-        print(f"state    {crihook.state_dir}")
+        _out(f"listen   {crihook.endpoint}")
+        _out(f"runtime  {lab.endpoint}")
+        _out(f"log      {crihook.log_path}")
+        _out(f"state    {crihook.state_dir}")
         _run_demo_pod(lab, crihook)
         if not args.no_wait:
             _say("serving until Ctrl-C (point a CRI client at the listen socket)")
@@ -70,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         _say("cleaning up")
         if crihook is not None:
             code = crihook.stop()
-            print(f"crihook exited {code}")
+            _out(f"crihook exited {code}")
         lab.cleanup()
-        print("containerd stopped, pods, mounts, cgroups and the bridge removed")
+        _out("containerd stopped, pods, mounts, cgroups and the bridge removed")
 
 
 def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
@@ -94,21 +106,19 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
         _say("running pod default/demo through crihook (as kubelet would)")
         handle = kubelet.run_pod(spec)
         cid = handle.container_ids["app"]
-        print(
-            f"sandbox   {handle.sandbox_id[:13]}  qos={handle.qos}  cgroup={handle.cgroup_parent}"
-        )
-        print(f"container {cid[:13]}")
+        _out(f"sandbox   {handle.sandbox_id[:13]}  qos={handle.qos}  cgroup={handle.cgroup_parent}")
+        _out(f"container {cid[:13]}")
     with KubeletClient(lab.endpoint) as direct:
         status = direct.container_status(cid, verbose=True)
         _say("what containerd has (asked directly, not through crihook)")
-        print(f"state       {api_pb2.ContainerState.Name(status.status.state)}")
+        _out(f"state       {api_pb2.ContainerState.Name(status.status.state)}")
         ann = status.status.annotations
-        print(
+        _out(
             f"annotation  demo.crihook.io/seen-by = {ann.get('demo.crihook.io/seen-by')!r}"
             "   <- added by the annotate hook"
         )
         res = status.status.resources.linux
-        print(
+        _out(
             f"resources   cpu_shares={res.cpu_shares} cpu_quota={res.cpu_quota} "
             f"memory_limit={res.memory_limit_in_bytes}"
         )
@@ -118,14 +128,14 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
             cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / cid
             shares = (cgroup / "cpu.shares").read_text().strip()
             oom = Path(f"/proc/{pid}/oom_score_adj").read_text().strip()
-            print(f"host        pid {pid}, cpu.shares={shares}, oom_score_adj={oom}")
+            _out(f"host        pid {pid}, cpu.shares={shares}, oom_score_adj={oom}")
     _say("crihook state")
     out = subprocess.run(
         [sys.executable, "-m", "crihook", "state", "--state-dir", str(crihook.state_dir)],
         capture_output=True,
         text=True,
     )
-    print(out.stdout or out.stderr)
+    _out(out.stdout or out.stderr)
 
 
 if __name__ == "__main__":
