@@ -22,6 +22,8 @@ from tests.lab.kubelet_encoding import (
 
 __all__ = [
     "CREATE_CONTAINER",
+    "DEVICES_CONFIG",
+    "DEVICE_ANNOTATIONS",
     "LIST_CONTAINERS",
     "LOAD_LABEL",
     "NAME_MARKER",
@@ -46,6 +48,28 @@ LIST_POD_SANDBOX = f"/{RUNTIME_SERVICE}/ListPodSandbox"
 NAME_MARKER = "@@@@@@@@@@"
 
 LOAD_LABEL = "bench.crihook.io/load"
+
+# What the bench pod asks of the `devices` hook (ignored without it), for each of its
+# containers: a device node, a read-only host mount and one device of the pool `gpu`
+# (DEVICES_CONFIG). Pod-wide: every CreateContainer of the bench is a new container of the pod.
+DEVICE_ANNOTATIONS = {
+    "devices.crihook.io/pod": '[{"path": "/dev/null", "container_path": "/dev/bench-null"}]',
+    "mounts.crihook.io/pod": '{"/usr/share": "/bench-share"}',
+    "pools.crihook.io/pod": '{"gpu": 1}',
+}
+DEVICES_CONFIG = (
+    "[hooks.devices]\n"
+    'namespaces = ["bench"]\n'
+    'devices = ["/dev/null"]\n'
+    'mounts = ["/usr/share"]\n'
+    "[hooks.devices.pools.gpu]\n"
+    'env = "GPU_VISIBLE_DEVICES"\n'
+    # Stand-ins: character devices every Linux host has. Each CreateContainer takes one; the
+    # fake runtime answers every create with the same container id, so the one before is gone.
+    "devices = ["
+    + ", ".join(f'{{ id = "{i}", path = "/dev/tty{i}" }}' for i in range(1, 33))
+    + "]\n"
+)
 
 
 def _hex_id(seed: str) -> str:
@@ -118,6 +142,7 @@ def bench_pod(
         annotations={
             "kubernetes.io/config.seen": "2026-11-29T15:00:00.000000000Z",
             "kubernetes.io/config.source": "api",
+            **DEVICE_ANNOTATIONS,
         },
         host_network=True,
         containers=[web],

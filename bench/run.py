@@ -1,7 +1,8 @@
 """Side-by-side latency/CPU benchmark: kubelet-like client -> (crihook ->) runtime.
 
     python -m bench.run [--quick] [--reps N] [--duration S] [--json FILE]
-                        [--real-containerd | --no-real-containerd] [--scenario NAME ...]
+                        [--real-containerd | --no-real-containerd] [--containerd 1.6|2]
+                        [--scenario NAME ...]
 
 For each backend (the fake runtime, and a real containerd from tests.lab), each method
 (ListContainers: pass-through; CreateContainer: intercepted) and each concurrency (1, 16) it
@@ -135,10 +136,33 @@ SCENARIOS: tuple[Scenario, ...] = (
         hooks=1,
     ),
     Scenario(
+        name="hooks-1-guard",
+        args=(),
+        config=_annotate_hooks(1)
+        .replace("[hooks.a1]\n", '[hooks.a1]\nallow = ["annotation:bench.crihook.io/*"]\n')
+        .replace('order = ["10-a1"]', 'order = ["10-a1", "90-guard"]'),
+        about="hooks-1 with its grant narrowed by a glob (the permission check) and the guard "
+        "example validator on the final request: against hooks-1 and hooks-none, what "
+        "permissions and one in-process validator cost. Not measured by default",
+        default=False,
+        hooks=2,
+    ),
+    Scenario(
         name="resource-hooks",
         args=("--hooks", "cpuset,numa,oom"),
         about="the built-in resource hooks cpuset, numa and oom on this machine's topology "
         "(a Burstable container: shared pool, all memory nodes, kubelet's OOM score)",
+        chain_budget_us=100.0,
+    ),
+    Scenario(
+        name="devices",
+        args=("--hooks", "devices"),
+        config=payloads.DEVICES_CONFIG,
+        about="the built-in devices hook: a device node, a read-only host mount and a pooled "
+        "device (a reservation written ahead) checked and added. Not measured by default; the "
+        "fake runtime only (--no-real-containerd): against containerd a cell's containers "
+        "hold the pool's 32 devices until the cell ends",
+        default=False,
         chain_budget_us=100.0,
     ),
     Scenario(
@@ -342,6 +366,8 @@ class FakeBackend:
 class ContainerdBackend:
     """A real containerd from tests.lab with one host-network, Burstable pod sandbox.
 
+    ``containerd``: Debian's 1.6 (``1.6``) or 2.x built by tests.lab.peers (``2``).
+
     The sandbox holds ``resident`` created (not started) containers so ListContainers has
     something realistic to return. Each CreateContainer request gets a unique name (the
     load generator replaces NAME_MARKER); every container the load made carries
@@ -351,11 +377,12 @@ class ContainerdBackend:
 
     name = "containerd"
 
-    def __init__(self, workdir: Path, resident: int = 10) -> None:
+    def __init__(self, workdir: Path, containerd: str = "1.6", resident: int = 10) -> None:
         from tests.lab.containerd import Containerd
         from tests.lab.kubelet import KubeletClient
+        from tests.lab.peers import containerd_binaries
 
-        self._lab = Containerd(workdir / "ctrd")
+        self._lab = Containerd(workdir / "ctrd", binaries=containerd_binaries(containerd))
         try:
             self._lab.start()
             self.endpoint = self._lab.endpoint
@@ -563,8 +590,10 @@ class Bench:
         self._say("starting the fake runtime")
         self.backends["fake"] = FakeBackend(self.workdir, self.tools_env)
         if self.args.real_containerd:
-            self._say("starting a real containerd (tests.lab) and a pod sandbox")
-            self.backends["containerd"] = ContainerdBackend(self.workdir)
+            self._say(
+                f"starting a real containerd {self.args.containerd} (tests.lab) and a pod sandbox"
+            )
+            self.backends["containerd"] = ContainerdBackend(self.workdir, self.args.containerd)
         for backend in self.backends.values():
             for method in METHODS:
                 path = self.workdir / f"payload-{backend.name}-{method.name}.bin"
@@ -865,7 +894,8 @@ def render_report(
     out = [
         f"crihook bench, {meta['date']}, {meta['machine']}; {meta['reps']} reps {TIMES} "
         f"{meta['duration_s']} s measured (+{meta['warmup_s']} s warm-up) per cell; "
-        f"medians over reps; ratios/deltas vs the direct cell of the same rep.\n",
+        f"medians over reps; ratios/deltas vs the direct cell of the same rep"
+        f"{'; real containerd ' + meta['containerd'] if meta.get('containerd') else ''}.\n",
         markdown_table(summary),
         "Background load (busy CPU not from the bench's own processes, per cell window): "
         f"median {meta.get('background_cores_median', 'n/a')} cores, "
@@ -926,6 +956,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--real-containerd", action=argparse.BooleanOptionalAction, default=None,
         help="also measure a real containerd from tests.lab (default: when available)",
+    )  # fmt: skip
+    p.add_argument(
+        "--containerd", choices=("1.6", "2"), default="1.6",
+        help="which real containerd: Debian's 1.6, or 2.x built and cached by tests.lab.peers "
+        "(default: %(default)s)",
     )  # fmt: skip
     p.add_argument(
         "--scenario", action="append", dest="scenarios", metavar="NAME",
@@ -1098,6 +1133,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "scenarios": {s.name: {"args": s.args, "about": s.about} for s in bench.scenarios},
         "backends": list(bench.backends),
+        "containerd": args.containerd if args.real_containerd else None,
         "tools_grpc_experiments": args.tools_grpc_experiments,
         "max_background_cores": args.max_background,
         "reruns_for_background_load": retries,
