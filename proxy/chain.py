@@ -129,6 +129,8 @@ class ChainEntry:
     settings: HookSettings
     breaker: Breaker
     counters: Counter[str] = field(default_factory=Counter)
+    tracebacks_logged: set[str] = field(default_factory=set)
+    """Exception types whose traceback was logged at WARNING (once each)."""
     # Read on every call: kept as plain attributes.
     name: str = field(init=False)
     base_name: str = field(init=False)
@@ -548,14 +550,16 @@ class Chain:
             error.__cause__ = exc
         except ConnectionError as exc:
             error = HookUnavailable(entry.name, f"unavailable: {exc}")
-        except (ValueError, TypeError) as exc:
-            error = HookInvalidAdjustment(entry.name, f"bad adjustment: {exc}")
         except asyncio.CancelledError:
             entry.breaker.abandon()  # kubelet went away: no verdict on the hook
             raise
         except Exception as exc:  # a hook's bug must not take the call down uncontrolled
-            log.debug("hook %s raised", entry.name, exc_info=True)
-            error = HookError(entry.name, f"failed: {type(exc).__name__}: {exc}")
+            _log_hook_exception(entry, stage, event, exc)
+            # ValueError/TypeError: also what Adjustment's setters raise for a bad value
+            kind = HookInvalidAdjustment if isinstance(exc, ValueError | TypeError) else HookError
+            error = kind(
+                entry.name, f"{stage.value}_{event.snake} raised {type(exc).__name__}: {exc}"
+            )
         else:
             if breaker.failures or breaker.probing:
                 breaker.success()
@@ -643,6 +647,26 @@ def _check_hints(hook: str, answer: object) -> ResourceHints:
 
 
 _NOT_REQUIRED: dict[str, str] = {}
+
+
+def _log_hook_exception(entry: ChainEntry, stage: Stage, event: Event, exc: Exception) -> None:
+    """A hook raised what no hook should: its traceback at WARNING the first time for this
+    hook and exception type (so a hook failing on every call does not flood the journal),
+    at DEBUG after that. A plugin's traceback is in the plugin's own log."""
+    kind = type(exc).__name__
+    first = kind not in entry.tracebacks_logged
+    entry.tracebacks_logged.add(kind)
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "hook %s: %s_%s raised %s: %s%s",
+        entry.name,
+        stage.value,
+        event.snake,
+        kind,
+        exc,
+        "" if first else " (traceback logged once before)",
+        exc_info=first and entry.settings.endpoint is None,  # crihook's frames say nothing
+    )
 
 
 def _subscribes(entry: ChainEntry, event: Event, stage: Stage) -> bool:

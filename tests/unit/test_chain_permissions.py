@@ -27,7 +27,12 @@ from crihook.hooks.spec import (
 )
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import HookSettings
-from crihook.proxy.errors import HookNotPermitted, HookRejected, HookRequired
+from crihook.proxy.errors import (
+    HookInvalidAdjustment,
+    HookNotPermitted,
+    HookRejected,
+    HookRequired,
+)
 from crihook.proxy.permissions import DEFAULT_GRANTS, Permissions, parse_grants
 from tests.unit.test_chain import CONTAINER, POD, create_request, make_chain, make_entry
 
@@ -340,3 +345,20 @@ def test_synchronize_repairs_outside_the_grant_are_dropped_and_counted() -> None
     assert chain.permitted_updates("50-p", shares) == shares
     assert chain.permitted_updates("50-p", quota) == ()
     assert chain.entries[0].counters["not_permitted"] == 1
+
+
+async def test_a_hooks_own_exception_is_named_and_its_traceback_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chain = make_chain([make_entry(Returns(KeyError("gpu")), "50-p", failure_policy="ignore")])
+    with caplog.at_level("DEBUG", logger="crihook.proxy.chain"):
+        for _ in range(3):
+            merger = await run(chain)
+    assert "pre_create_container raised KeyError: 'gpu'" in merger.unapplied["50-p"]
+    raised = [r for r in caplog.records if r.getMessage().startswith("hook 50-p: pre_")]
+    assert [r.levelname for r in raised] == ["WARNING", "DEBUG", "DEBUG"]
+    assert raised[0].exc_info and not raised[1].exc_info
+    # a ValueError (what Adjustment's setters raise) is still a bad adjustment, and named
+    chain = make_chain([make_entry(Returns(ValueError("cpuset 'x'")), "50-p")])
+    with pytest.raises(HookInvalidAdjustment, match="raised ValueError: cpuset 'x'"):
+        await run(chain)

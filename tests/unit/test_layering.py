@@ -1,0 +1,107 @@
+"""Imports point one way: api ← hooks.spec/hooks.node ← the hooks ← proxy.
+
+Hook authors import crihook.hooks.spec and the SDK; the proxy imports the hooks. A hook that
+imported the proxy would tie the plugin SDK to crihook's internals (and make cycles).
+Checked on the source, every import statement included (TYPE_CHECKING blocks too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where each installed package's source lives (pyproject.toml's package-dir).
+SOURCES = {"crihook": ROOT / "proxy/_root", "crihook.proxy": ROOT / "proxy"}
+SOURCES |= {"crihook.hooks": ROOT / "hooks", "crihook.api": ROOT / "api"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package, base in SOURCES.items():
+        for path in base.rglob("*.py"):
+            parts = path.relative_to(base).with_suffix("").parts
+            if package == "crihook.proxy" and parts[0] == "_root":
+                continue  # the root package, mapped above
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package, up level - 1
+                package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                parts = package.split(".")
+                base = parts[: len(parts) - (node.level - 1)]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return {name for name in found if name == "crihook" or name.startswith("crihook.")}
+
+
+MODULES = _modules()
+
+# (modules under this prefix, may import only these prefixes)
+RULES = [
+    ("crihook.api", ("crihook.api",)),
+    ("crihook.hooks.spec", ("crihook.api", "crihook.hooks.spec", "crihook.hooks.node")),
+    ("crihook.hooks.node", ("crihook.api", "crihook.hooks.spec", "crihook.hooks.node")),
+    ("crihook.hooks", ("crihook.api", "crihook.hooks", "crihook")),
+]
+
+
+def _allowed(imported: str, prefixes: tuple[str, ...]) -> bool:
+    for prefix in prefixes:
+        if prefix == "crihook":  # the root package itself (__version__), not its subpackages
+            if imported == "crihook":
+                return True
+        elif imported == prefix or imported.startswith(prefix + "."):
+            return True
+    return False
+
+
+def _rule(module: str) -> tuple[str, tuple[str, ...]] | None:
+    for prefix, allowed in RULES:
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, allowed
+    return None
+
+
+def test_the_source_tree_is_found() -> None:
+    assert {"crihook.proxy.chain", "crihook.hooks.spec.hook", "crihook.api"} <= set(MODULES)
+    assert "crihook.hooks.sdk" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _rule(m)))
+def test_imports_point_one_way(module: str) -> None:
+    rule = _rule(module)
+    assert rule is not None
+    prefix, allowed = rule
+    wrong = sorted(i for i in _imports(MODULES[module], module) if not _allowed(i, allowed))
+    assert wrong == [], f"{module} ({prefix}) may import only {allowed}, not {wrong}"
+
+
+def test_the_check_catches_a_hook_importing_the_proxy(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from crihook.proxy.config import HookSettings\nimport crihook.api.cri\n"
+        "from ..spec import Hook\nfrom . import views\n"
+    )
+    imported = _imports(bad, "crihook.hooks.remote.bad")
+    assert imported == {
+        "crihook.proxy.config",
+        "crihook.api.cri",
+        "crihook.hooks.spec",
+        "crihook.hooks.remote",
+    }
+    _, allowed = _rule("crihook.hooks.remote.bad") or ("", ())
+    assert not _allowed("crihook.proxy.config", allowed)
+    assert _allowed("crihook.api.cri", allowed)
