@@ -12,8 +12,10 @@ chains:
   store with no hook at all);
 - ``annotate``: one in-process hook adding an annotation, with the default grants;
 - ``annotate, allow glob``: the same hook narrowed by ``allow = ["annotation:bench.io/*"]``;
-- ``annotate, allow glob + guard``: plus the guard example validator (privileged check and
-  three host paths resolved and matched);
+- ``annotate, allow glob + a validator``: plus a validator that reads the final request
+  and touches no file (the validate stage's own cost);
+- ``annotate, allow glob + guard``: the guard example validator instead (privileged check,
+  and the three host paths resolved in a worker thread and matched);
 
 Each chain is timed ``--reps`` times over ``--calls`` calls; a chain's figure is its fastest
 rep's median, which keeps other processes on the machine out of it. Timing lives here, never
@@ -33,7 +35,7 @@ from bench.payloads import fake_create_container_request
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.examples.annotate import AnnotateHook
 from crihook.hooks.examples.guard import GuardHook
-from crihook.hooks.spec import Event, Stage
+from crihook.hooks.spec import Event, Hook, HookContext, Reject, Stage
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
 from crihook.proxy.chain import Chain, ChainEntry
 from crihook.proxy.config import ChainSettings, HookSettings
@@ -59,11 +61,26 @@ def _entry(name: str, hook: Any, allow: tuple[str, ...] | None = None) -> ChainE
     return Chain.entry(LocalHook(name, hook), HookSettings(name=name, allow=allow))
 
 
+class PrivilegedValidator(Hook):
+    """A validator that reads the final request and touches no file: the validate stage's
+    own cost, apart from guard's host-path resolution."""
+
+    async def validate_create_container(self, ctx: HookContext) -> None:
+        if ctx.request.config.linux.security_context.privileged:  # type: ignore[attr-defined]
+            raise Reject("privileged")
+
+
 CHAINS: dict[str, Callable[[], Chain | None]] = {
     "no hooks": lambda: None,
     "annotate": lambda: _chain([_entry("10-annotate", AnnotateHook(ANNOTATE))]),
     "annotate, allow glob": lambda: _chain(
         [_entry("10-annotate", AnnotateHook(ANNOTATE), ("annotation:bench.io/*",))]
+    ),
+    "annotate, allow glob + a validator": lambda: _chain(
+        [
+            _entry("10-annotate", AnnotateHook(ANNOTATE), ("annotation:bench.io/*",)),
+            _entry("90-check", PrivilegedValidator()),
+        ]
     ),
     "annotate, allow glob + guard": lambda: _chain(
         [
@@ -108,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best.get(name, p50), p50)
     base = best["no hooks"]
     print(f"CreateContainer through the chain, {args.calls} calls x {args.reps} reps (best p50)\n")
-    print("| chain | p50 µs/call | added vs no hooks | added vs previous row |")
+    print("| chain | p50 µs/call | added vs no hooks | added vs the row above |")
     print("| --- | ---: | ---: | ---: |")
     previous = base
     for name, p50 in best.items():
