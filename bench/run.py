@@ -155,6 +155,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         chain_budget_us=100.0,
     ),
     Scenario(
+        name="koordinator",
+        args=("--hooks", "koordinator"),
+        about="the built-in koordinator hook placing CPUs itself (cpu_manager = none): the bench "
+        "pod, Burstable and unlabelled, is an LS pod on the share pool its CPU ledger keeps. Not "
+        "measured by default (with hooks-none: --scenario hooks-none --scenario koordinator)",
+        default=False,
+        chain_budget_us=100.0,
+    ),
+    Scenario(
         name="devices",
         args=("--hooks", "devices"),
         config=payloads.DEVICES_CONFIG,

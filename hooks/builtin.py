@@ -1,8 +1,9 @@
 """The hooks shipped with crihook, by name, with their default place in the chain.
 
-`--hooks cpuset,numa,oom,devices,netdev` (or `[hooks] order = ["cpuset", ...]`) takes each
-built-in name at its default position; `NN-name` overrides the position. Each hook lives in
-`hooks/<name>/` (installed as `crihook.hooks.<name>`) and is imported only when configured.
+`--hooks cpuset,numa,oom,devices,netdev,koordinator` (or `[hooks] order = ["cpuset", ...]`)
+takes each built-in name at its default position; `NN-name` overrides the position. Each hook
+lives in `hooks/<name>/` (installed as `crihook.hooks.<name>`) and is imported only when
+configured.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ BUILTIN_HOOKS: Mapping[str, BuiltinHook] = MappingProxyType(
                 "crihook.hooks.cpuset:CpusetHook",
                 20,
                 "exclusive CPUs as kubelet's static CPU manager picks them; a shared pool",
+            ),
+            BuiltinHook(
+                "koordinator",
+                "crihook.hooks.koordinator:KoordinatorHook",
+                25,
+                "Koordinator's QoS pools, scheduler-assigned CPUs and BE batch resources",
             ),
             BuiltinHook(
                 "numa",

@@ -15,6 +15,12 @@ shared pool for every other container, kept consistent as containers come and go
 
 It places every container, exempt pods' included (it does not honour the exemption): an
 exempt container must not run on another pod's exclusive CPUs.
+
+It honours Koordinator's CPU signals (`koordinator.py`): a pod koord-scheduler gave CPUs
+(`scheduling.koordinator.sh/resource-status`) runs on exactly those, held like exclusive
+CPUs (two pods claiming one CPU are refused, naming both); LS and BE pods never get
+exclusive CPUs; BestEffort containers run on the BE pool (the shared pool plus the CPUs of
+LSR pods). On a node without Koordinator's pods nothing of this changes anything.
 """
 
 from __future__ import annotations
@@ -25,6 +31,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crihook.hooks.cpuset.hints import cpu_hints
+from crihook.hooks.cpuset.koordinator import (
+    BE_POOL,
+    RESOURCE_STATUS_ANNOTATION,
+    SHARED_POOL,
+    ScheduledResources,
+    be_may_share,
+    check_on_node,
+    member_pool,
+    scheduled_resources,
+    shuns_exclusive_cpus,
+)
 from crihook.hooks.cpuset.options import CpusetOptions, node_reserved_cpus, parse_options
 from crihook.hooks.cpuset.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
@@ -38,6 +55,7 @@ from crihook.hooks.spec import (
     ContainerView,
     Hook,
     HookContext,
+    InvalidRequest,
     PodView,
     Reject,
     ResourceDelta,
@@ -80,7 +98,12 @@ class CpusetHook(Hook):
         # one whose exclusive CPUs are taken meanwhile is given free ones.
         place = self._place_adopted if sync.reason != "start" else None
         updates = reconcile(
-            self._pool, sync.pods, sync.containers, sync.container_states, place=place
+            self._pool,
+            sync.pods,
+            sync.containers,
+            sync.container_states,
+            place=place,
+            exclusive=self.config.static,
         )
         pool = self._pool
         log.info(
@@ -100,13 +123,13 @@ class CpusetHook(Hook):
 
     # --- RunPodSandbox: the pod's bubble (pod scope) -----------------------------------------
     async def hints_run_pod_sandbox(self, ctx: HookContext) -> ResourceHints | None:
-        count = bubble_cpus(ctx.pod, self._scope)
+        count = self._bubble(ctx.pod)
         if count is None:
             return None
         return {"cpu": self._hints(self.pool.free(), frozenset(), count)}
 
     async def pre_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
-        count = bubble_cpus(ctx.pod, self._scope)
+        count = self._bubble(ctx.pod)
         if count is None:
             return None
         pool = self.pool
@@ -117,7 +140,7 @@ class CpusetHook(Hook):
         return None  # the sandbox itself runs as the runtime places it; the bubble is ours
 
     async def post_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
-        if bubble_cpus(ctx.pod, self._scope) is None:
+        if self._bubble(ctx.pod) is None:
             return None
         assert ctx.response is not None
         self.pool.confirm_bubble(ctx.pod.uid, ctx.response.pod_sandbox_id)  # type: ignore[attr-defined]
@@ -129,8 +152,16 @@ class CpusetHook(Hook):
     # --- CreateContainer ---------------------------------------------------------------------
     async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
         container = _container(ctx)
-        count = exclusive_cpus(container)
-        if count is None or self.pool.bubble_of(ctx.pod.id) is not None:
+        if self.pool.bubble_of(ctx.pod.id) is not None:
+            return None
+        try:
+            scheduled = self._scheduled(ctx.pod)
+        except InvalidRequest:
+            return None  # the pre stage refuses the call, naming the annotation
+        if scheduled.cpus:  # the scheduler chose: the NUMA nodes of its CPUs
+            return {"cpu": [TopologyHint(self.pool.topology.numa_of(scheduled.cpus), True)]}
+        count = self._exclusive(ctx.pod, container)
+        if count is None:
             return None
         self._finished.pop(ctx.pod.id, None)  # asked anew for every call
         kept = self.pool.attempt_cpus(ctx.pod.id, container.name)
@@ -143,13 +174,19 @@ class CpusetHook(Hook):
         container = _container(ctx)
         pool = self.pool
         bubble = pool.bubble_of(ctx.pod.id)
-        count = slice_cpus(container) if bubble else exclusive_cpus(container)
+        scheduled = self._scheduled(ctx.pod)
+        if scheduled.cpus and bubble is None:
+            return self._pin_scheduled(ctx.pod, container, scheduled.cpus)
+        count = slice_cpus(container) if bubble else self._exclusive(ctx.pod, container)
         if count is None:
-            cpus = pool.bubble_shared_pool(ctx.pod.id) if bubble else pool.shared_pool()
+            if bubble:
+                cpus, whose = pool.bubble_shared_pool(ctx.pod.id), f"pod {_pod(ctx.pod)}'s shared"
+            else:
+                name, numa = _member_of(ctx.pod, scheduled)
+                cpus, whose = pool.node_pool(name, numa), f"the node's {_POOL_NAMES[name]}"
             if not cpus:
-                whose = f"pod {_pod(ctx.pod)}'s" if bubble else "the node's"
                 raise Reject(
-                    f"{whose} shared pool is empty: exclusive containers hold all of its "
+                    f"{whose} pool is empty: exclusive containers hold all of its "
                     f"CPUs, so container {container.name!r} has no CPU to run on"
                 )
             return Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
@@ -182,6 +219,7 @@ class CpusetHook(Hook):
             container.kind.value,
             cpus,
             in_bubble=bubble is not None,
+            pod_name=_pod(ctx.pod),
         )
         pool.reserve(key, holder)
         adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
@@ -204,8 +242,16 @@ class CpusetHook(Hook):
         # A shared container: recorded now (nothing was reserved for it). If the pool changed
         # since its pre stage, it follows.
         bubble = pool.bubble_of(ctx.pod.id) is not None
-        kind = container.kind.value
-        holder = Holder(ctx.pod.id, container.name, container.attempt, kind, in_bubble=bubble)
+        name, numa = _member_of(ctx.pod, self._scheduled(ctx.pod))
+        holder = Holder(
+            ctx.pod.id,
+            container.name,
+            container.attempt,
+            container.kind.value,
+            in_bubble=bubble,
+            pool=name,
+            numa=numa,
+        )
         pool.record(cid, holder)
         sent = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         want = desired_cpus(pool, cid)
@@ -226,7 +272,7 @@ class CpusetHook(Hook):
         want = desired_cpus(self.pool, container.id)
         if holder is None or want is None:
             return None
-        if holder.cpus:
+        if holder.cpus and not holder.scheduled:
             _refuse_cpu_resize(holder, ctx.request.linux, container)  # type: ignore[attr-defined]
         adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want))
         if holder.cpus and self.config.disable_cfs_quota:
@@ -265,12 +311,83 @@ class CpusetHook(Hook):
 
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         pool = self.pool
+        be_before = pool.be_pool()
         freed: set[int] = set()
         for key, _ in list(pool.pod_holders(ctx.pod.id)):
             freed |= pool.release(key)
         freed |= pool.drop_bubble(ctx.pod.id)
         self._unlimited.discard(ctx.pod.id)
-        return self._shared_updates(None) if freed else None
+        if not freed:
+            return None
+        return self._shared_updates(None, be_changed=pool.be_pool() != be_before)
+
+    # --- Koordinator: the CPUs koord-scheduler gave a pod ---------------------------------
+    def _pin_scheduled(
+        self, pod: PodView, container: ContainerView, cpus: frozenset[int]
+    ) -> Adjustment:
+        """The container runs on its pod's scheduler CPUs, held like exclusive ones (refused
+        when another pod holds any of them, or they are reserved here)."""
+        pool = self.pool
+        what = f"container {container.name!r} of pod {_pod(pod)}"
+        reserved = cpus & pool.reserved
+        if reserved:
+            raise Reject(
+                f"{what}: koord-scheduler gave it cpus {format_cpu_list(cpus)} "
+                f"({RESOURCE_STATUS_ANNOTATION}), but {format_cpu_list(reserved)} are reserved "
+                "on this node"
+            )
+        others = pool.holders_of(cpus, pod.id)
+        if others:
+            other = others[0]
+            whose = other.pod_name or other.pod[:12]
+            raise Reject(
+                f"pods {_pod(pod)} and {whose} both claim cpus "
+                f"{format_cpu_list(cpus & other.cpus)}: {_pod(pod)} was given "
+                f"{format_cpu_list(cpus)} by koord-scheduler ({RESOURCE_STATUS_ANNOTATION}), "
+                f"{whose} holds {format_cpu_list(other.cpus)}"
+                + (" (its own scheduler cpus)" if other.scheduled else " (exclusive cpus)")
+            )
+        be_shares = be_may_share(pod)
+        self._keep_node_pools(cpus, what, be_shares=be_shares)
+        key = reservation_key(pod.id, container.name, container.attempt)
+        holder = Holder(
+            pod.id,
+            container.name,
+            container.attempt,
+            container.kind.value,
+            cpus,
+            scheduled=True,
+            be_shares=be_shares,
+            pod_name=_pod(pod),
+        )
+        pool.reserve(key, holder)
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        if self.config.disable_cfs_quota:
+            adjustment.set_cpu_quota(-1)  # Koordinator unsets it for cpuset pods too
+        # An LSR pod's CPUs stay in the BE pool: only the shared pool changed.
+        self._shared_updates(None, adjustment, be_changed=not be_shares)
+        return adjustment
+
+    def _scheduled(self, pod: PodView) -> ScheduledResources:
+        """What koord-scheduler gave the pod; InvalidRequest naming the annotation when it is
+        malformed or names CPUs this node has not."""
+        try:
+            scheduled = scheduled_resources(pod)
+            if scheduled.cpus or scheduled.numa_nodes:
+                check_on_node(scheduled, self.pool.topology)
+        except ValueError as exc:
+            raise InvalidRequest(f"pod {_pod(pod)}: {exc}") from None
+        return scheduled
+
+    def _exclusive(self, pod: PodView, container: ContainerView) -> int | None:
+        """Whole CPUs of its own a container gets: kubelet's static policy, but never for
+        Koordinator's LS and BE pods, nor under the `none` policy."""
+        if not self.config.static or shuns_exclusive_cpus(pod):
+            return None
+        return exclusive_cpus(container)
+
+    def _bubble(self, pod: PodView) -> int | None:
+        return bubble_cpus(pod, self._scope) if self.config.static else None
 
     # --- helpers -----------------------------------------------------------------------------
     async def _unlimit_pod_quota(self, pod: PodView) -> None:
@@ -298,20 +415,33 @@ class CpusetHook(Hook):
         """Updates for the shared pool that grew when `holder` gave its CPUs back."""
         if holder.in_bubble:  # its slice returns to its pod's shared pool
             return self._shared_updates(holder.pod) if holder.cpus else None
-        return self._shared_updates(None) if freed else None
+        return self._shared_updates(None, be_changed=not holder.be_shares) if freed else None
 
     def _keep_node_shared_pool(self, cpus: frozenset[int], what: str) -> None:
         """Refuse to take the node's last shared CPUs while shared containers run on them: an
         empty cpuset cannot be applied. (kubelet's static policy requires reserved CPUs, which
         stay in the shared pool unless strict-cpu-reservation takes them out; crihook allows
         none, and with that option the pool can empty as in kubelet.)"""
+        self._keep_node_pools(cpus, what, be_shares=False)
+
+    def _keep_node_pools(self, cpus: frozenset[int], what: str, *, be_shares: bool) -> None:
+        """`_keep_node_shared_pool` for every node pool a container runs on (the BE pool
+        keeps `cpus` when BE pods may share them)."""
         pool = self.pool
-        if pool.shared_members(None) and not pool.shared_pool() - cpus:
-            raise Reject(
-                f"{what}: {len(cpus)} exclusive CPUs would leave the node's shared pool empty, "
-                "and other containers run on it (reserve CPUs with [hooks.cpuset] "
-                "reserved_cpus)"
-            )
+        shared = pool.shared_pool() - cpus
+        be = pool.be_pool() - (frozenset() if be_shares else cpus)
+        for cid in pool.shared_members(None):
+            holder = pool.containers[cid]
+            left = be if holder.pool == BE_POOL else shared
+            if holder.numa:
+                left &= pool.topology.cpus_in_numa(holder.numa)
+            if not left:
+                name = "BE pool" if holder.pool == BE_POOL else "shared pool"
+                raise Reject(
+                    f"{what}: {len(cpus)} exclusive CPUs would leave the node's {name} empty, "
+                    "and other containers run on it (reserve CPUs with [hooks.cpuset] "
+                    "reserved_cpus)"
+                )
 
     def _take(
         self, available: frozenset[int], count: int, affinity: TopologyHint | None, what: str
@@ -355,7 +485,7 @@ class CpusetHook(Hook):
         return finished
 
     def _shared_updates(
-        self, pod: str | None, adjustment: Adjustment | None = None
+        self, pod: str | None, adjustment: Adjustment | None = None, *, be_changed: bool = True
     ) -> Adjustment | None:
         """Move the containers of a shared pool (the node's, or a bubble's) onto it as it is
         now. Added to `adjustment`, or a new one; None when nobody runs on it."""
@@ -363,11 +493,22 @@ class CpusetHook(Hook):
         members = pool.shared_members(pod)
         if not members:
             return adjustment
-        cpus = pool.bubble_shared_pool(pod) if pod is not None else pool.shared_pool()
-        delta = ResourceDelta(cpuset_cpus=format_cpu_list(cpus))
         out = adjustment if adjustment is not None else Adjustment()
-        for cid in members:
-            out.update_container(cid, delta)
+        if pod is not None:
+            bubble = ResourceDelta(cpuset_cpus=format_cpu_list(pool.bubble_shared_pool(pod)))
+            for cid in members:
+                out.update_container(cid, bubble)
+            return out
+        deltas: dict[tuple[str, frozenset[int]], ResourceDelta] = {}
+        for cid in members:  # the node's pools: the shared pool, the BE pool, NUMA-narrowed
+            holder = pool.containers[cid]
+            if holder.pool == BE_POOL and not be_changed:
+                continue
+            key = (holder.pool, holder.numa)
+            if key not in deltas:
+                cpus = format_cpu_list(pool.member_cpus(holder))
+                deltas[key] = ResourceDelta(cpuset_cpus=cpus)
+            out.update_container(cid, deltas[key])
         return out
 
 
@@ -393,6 +534,17 @@ def _refuse_cpu_resize(holder: Holder, linux: object, container: ContainerView) 
         f"{len(holder.cpus)} exclusive CPUs (kubelet's static policy does not resize "
         "Guaranteed containers in place)"
     )
+
+
+_POOL_NAMES = {SHARED_POOL: "shared", BE_POOL: "BE"}
+
+
+def _member_of(pod: PodView, scheduled: ScheduledResources) -> tuple[str, frozenset[int]]:
+    """The node pool a container of `pod` without CPUs of its own runs on, and the NUMA nodes
+    koord-scheduler narrowed it to (Koordinator: the LS share pool of those nodes)."""
+    if scheduled.numa_nodes:
+        return SHARED_POOL, scheduled.numa_nodes
+    return member_pool(pod), frozenset()
 
 
 def _container(ctx: HookContext) -> ContainerView:

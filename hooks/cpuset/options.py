@@ -4,6 +4,7 @@
     reserved_cpus = "0-1"            # or a count: 2 (picked the way kubelet picks them)
     policy_options = { "full-pcpus-only" = "true", "distribute-cpus-across-numa" = "true" }
     disable_cfs_quota = true         # exclusive containers run without a CFS quota
+    policy = "static"                # or "none": no exclusive CPUs but koord-scheduler's
 
 `policy_options` takes kubelet's own `cpuManagerPolicyOptions` keys and string values, so a
 kubelet configuration carries over as it is, and refuses what kubelet refuses
@@ -64,7 +65,8 @@ EXCLUSIVE_PAIRS = (
 )
 """Options kubelet refuses together, in the order it checks them."""
 
-_KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota"}
+_KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota", "policy"}
+_POLICIES = ("static", "none")
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
 """What Go's strconv.ParseBool reads, which is what kubelet reads option values with."""
@@ -83,6 +85,10 @@ class CpusetOptions:
     """Reserved CPUs leave the shared pool too: no container runs on them."""
     prefer_align_cpus_by_uncorecache: bool = False
     disable_cfs_quota: bool = True
+    static: bool = True
+    """kubelet's `static` policy: Guaranteed containers with whole CPUs get exclusive ones.
+    `none`: only the CPUs koord-scheduler gave a pod are its own, every other container runs
+    on a pool (as on a Koordinator node with kubelet's `none` policy)."""
 
 
 def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
@@ -120,6 +126,9 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
     quota = options.get("disable_cfs_quota", True)
     if not isinstance(quota, bool):
         raise ValueError(f"cpuset: disable_cfs_quota must be true or false, not {quota!r}")
+    policy_name = options.get("policy", "static")
+    if policy_name not in _POLICIES:
+        raise ValueError(f'cpuset: policy must be "static" or "none", not {policy_name!r}')
     return CpusetOptions(
         reserved=reserved,
         full_pcpus_only=flags.get(FULL_PCPUS_ONLY, False),
@@ -129,6 +138,7 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
         strict_cpu_reservation=flags.get(STRICT_RESERVATION, False),
         prefer_align_cpus_by_uncorecache=flags.get(ALIGN_BY_UNCORECACHE, False),
         disable_cfs_quota=quota,
+        static=policy_name == "static",
     )
 
 

@@ -15,6 +15,12 @@ are reusable by its later containers (a restart of the same size gets exactly th
 earlier attempt holds, as kubelet keeps them under the container's name); a holder gives back
 only the CPUs no other container of its pod holds (kubelet's rule for init-container reuse).
 
+Koordinator's pools (`hooks/cpuset/koordinator.py`) sit on the same holders: CPUs a pod got
+from koord-scheduler are held like exclusive CPUs (`scheduled`), so they leave the shared
+pool (Koordinator's LS share pool); the BE pool is the shared pool plus the scheduler CPUs
+BE pods may share (`be_shares`: every pod's but an LSE pod's). A container without CPUs of
+its own runs on the pool its holder names (`pool`).
+
 Every change is mirrored into the hook's persisted state (`c:<container id>`,
 `r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool.
 """
@@ -26,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from crihook.hooks.cpuset.koordinator import BE_POOL, SHARED_POOL
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import HookState
 
@@ -56,6 +63,16 @@ class Holder:
     """Its CPUs (or shared pool) come from its pod's bubble, not from the node."""
     stopped: bool = False
     """Stopped by kubelet: it holds nothing any more and gets no pool updates."""
+    pool: str = SHARED_POOL
+    """Without CPUs of its own: the node pool it runs on (`shared`, or `be`)."""
+    scheduled: bool = False
+    """Its CPUs are the ones koord-scheduler gave its pod, not a pick of crihook's."""
+    be_shares: bool = False
+    """Its (scheduled) CPUs stay usable by BE pods: an LSR pod's, not an LSE pod's."""
+    pod_name: str = ""
+    """`namespace/name`, for messages about a pod holding scheduled CPUs."""
+    numa: frozenset[int] = frozenset()
+    """Without CPUs of its own: the NUMA nodes koord-scheduler narrowed its pool to."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"pod": self.pod, "name": self.name, "attempt": self.attempt}
@@ -65,6 +82,16 @@ class Holder:
             doc["in_bubble"] = True
         if self.stopped:
             doc["stopped"] = True
+        if self.pool != SHARED_POOL:
+            doc["pool"] = self.pool
+        if self.scheduled:
+            doc["scheduled"] = True
+        if self.be_shares:
+            doc["be_shares"] = True
+        if self.pod_name:
+            doc["pod_name"] = self.pod_name
+        if self.numa:
+            doc["numa"] = format_cpu_list(self.numa)
         return doc
 
     @classmethod
@@ -77,7 +104,18 @@ class Holder:
             cpus=parse_cpu_list(str(doc.get("cpus", ""))),
             in_bubble=bool(doc.get("in_bubble", False)),
             stopped=bool(doc.get("stopped", False)),
+            pool=_pool_name(doc.get("pool", SHARED_POOL)),
+            scheduled=bool(doc.get("scheduled", False)),
+            be_shares=bool(doc.get("be_shares", False)),
+            pod_name=str(doc.get("pod_name", "")),
+            numa=parse_cpu_list(str(doc.get("numa", ""))),
         )
+
+
+def _pool_name(value: object) -> str:
+    if value not in (SHARED_POOL, BE_POOL):
+        raise ValueError(f"unknown pool {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -133,6 +171,39 @@ class CpuPool:
     def free(self) -> frozenset[int]:
         """What may be handed out exclusively: the shared pool without the reserved CPUs."""
         return self.shared_pool() - self.reserved
+
+    def be_pool(self) -> frozenset[int]:
+        """Koordinator's BE pool: the shared pool plus the scheduled CPUs BE pods may share
+        (an LSR pod's), unless another holder holds them too."""
+        lent: set[int] = set()
+        kept: set[int] = {c for b in self.bubbles.values() for c in b.cpus}
+        for holder in self._holders():
+            if holder.in_bubble or not holder.cpus:
+                continue
+            (lent if holder.be_shares else kept).update(holder.cpus)
+        return self.shared_pool() | frozenset(lent - kept)
+
+    def pool_cpus(self, name: str) -> frozenset[int]:
+        """The CPUs of a node pool by name (`shared` or `be`)."""
+        return self.be_pool() if name == BE_POOL else self.shared_pool()
+
+    def node_pool(self, name: str, numa: frozenset[int] = frozenset()) -> frozenset[int]:
+        """A node pool (`shared` or `be`), narrowed to `numa` nodes when some are named."""
+        cpus = self.pool_cpus(name)
+        return cpus & self.topology.cpus_in_numa(numa) if numa else cpus
+
+    def member_cpus(self, holder: Holder) -> frozenset[int]:
+        """What a node-level container without CPUs of its own runs on: its pool, narrowed
+        to its NUMA nodes when koord-scheduler named some."""
+        return self.node_pool(holder.pool, holder.numa)
+
+    def holders_of(self, cpus: frozenset[int], but: str) -> list[Holder]:
+        """Holders of pods other than `but` holding any of `cpus` (node level, not stopped)."""
+        return [
+            h
+            for h in self._holders()
+            if h.pod != but and not h.in_bubble and not h.stopped and h.cpus & cpus
+        ]
 
     def bubble_of(self, pod: str) -> Bubble | None:
         return self.bubbles.get(pod)

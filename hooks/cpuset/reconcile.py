@@ -4,11 +4,15 @@
 - a reservation whose container the runtime did create (crihook stopped between the runtime's
   answer and the confirmation) becomes that container's holder; any other is dropped;
 - bubbles of pods that are gone are dropped, pending ones confirmed or dropped likewise;
-- containers the pool does not know are adopted: one of a Guaranteed pod that runs on
-  exactly its whole-CPU request of free CPUs keeps them (what kubelet's static manager gave it
-  before crihook was put in front); after start (a pod the runtime restored, or kept after a
-  call crihook did not see end), one whose CPUs are taken gets free ones (`place`), or runs on
-  the shared pool, logged, when none are left; any other joins the shared pool;
+- containers the pool does not know are adopted: one whose pod koord-scheduler gave CPUs
+  (`scheduling.koordinator.sh/resource-status`) holds those; one of a Guaranteed pod that
+  runs on exactly its whole-CPU request of free CPUs keeps them (what kubelet's static
+  manager gave it before crihook was put in front); after start (a pod the runtime
+  restored, or kept after a call crihook did not see end), one whose CPUs are taken gets
+  free ones (`place`), or runs on the shared pool, logged, when none are left; any other
+  joins its pool (the BE pool for a BestEffort pod's, the shared pool for the others'; with
+  `exclusive` False, kubelet's `none` policy, no container gets exclusive CPUs but the
+  scheduler's);
 - two pods never hold the same CPU: if the state says so (it was edited, or is corrupt), the
   pod seen later loses them and runs on the shared pool, logged; so does a container holding
   CPUs that are now reserved or offline;
@@ -22,6 +26,16 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from crihook.hooks.cpuset.koordinator import (
+    BE_POOL,
+    SHARED_POOL,
+    ScheduledResources,
+    be_may_share,
+    check_on_node,
+    member_pool,
+    scheduled_resources,
+    shuns_exclusive_cpus,
+)
 from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpuset.rules import exclusive_cpus
 from crihook.hooks.node import format_cpu_list, parse_cpu_list
@@ -30,6 +44,7 @@ from crihook.hooks.spec import (
     ContainerUpdate,
     ContainerView,
     PodView,
+    QoSClass,
     ResourceDelta,
 )
 
@@ -47,9 +62,11 @@ def reconcile(
     states: Mapping[str, ContainerState],
     *,
     place: Callable[[int], frozenset[int] | None] | None = None,
+    exclusive: bool = True,
 ) -> list[ContainerUpdate]:
     """Bring the pool in line with the runtime; the repairs to send. `place(count)`: free
-    CPUs for an adopted exclusive container whose own are taken (None: none left)."""
+    CPUs for an adopted exclusive container whose own are taken (None: none left).
+    `exclusive`: kubelet's static policy (False: `none`, no exclusive CPUs of crihook's)."""
     live = {c.id: c for c in containers}
     pods_by_id = {p.id: p for p in pods}
     for cid in [cid for cid in pool.containers if cid not in live]:
@@ -65,7 +82,9 @@ def reconcile(
     _reconcile_bubbles(pool, pods)
     for container in containers:
         if container.id not in pool.containers:
-            _adopt(pool, container, states.get(container.id, ContainerState.UNKNOWN), place)
+            state = states.get(container.id, ContainerState.UNKNOWN)
+            pod = pods_by_id.get(container.pod_id)
+            _adopt(pool, container, pod, state, place, exclusive=exclusive)
     _split_overlaps(pool)
     updates = []
     for container in containers:
@@ -97,7 +116,7 @@ def desired_cpus(pool: CpuPool, container_id: str) -> frozenset[int] | None:
         return holder.cpus
     if holder.in_bubble:
         return pool.bubble_shared_pool(holder.pod)
-    return pool.shared_pool()
+    return pool.member_cpus(holder)
 
 
 def _reconcile_bubbles(pool: CpuPool, pods: Sequence[PodView]) -> None:
@@ -117,8 +136,11 @@ def _reconcile_bubbles(pool: CpuPool, pods: Sequence[PodView]) -> None:
 def _adopt(
     pool: CpuPool,
     container: ContainerView,
+    pod: PodView | None,
     state: ContainerState,
     place: Callable[[int], frozenset[int] | None] | None,
+    *,
+    exclusive: bool,
 ) -> None:
     stopped = state not in _LIVE
     holder = Holder(
@@ -128,8 +150,16 @@ def _adopt(
         kind=container.kind.value,
         in_bubble=container.pod_id in pool.bubbles,
         stopped=stopped,
+        pool=member_pool(pod) if pod is not None else _member_pool_of(container),
     )
-    want = exclusive_cpus(container)
+    scheduled = _scheduled(pool, pod)
+    if scheduled.cpus and pod is not None and not stopped and not holder.in_bubble:
+        pool.record(container.id, _scheduled_holder(holder, pod, scheduled.cpus))
+        return
+    holder = replace(holder, numa=scheduled.numa_nodes)
+    want = exclusive_cpus(container) if exclusive else None
+    if pod is not None and shuns_exclusive_cpus(pod):
+        want = None
     have = parse_cpu_list(container.resources.cpuset_cpus)
     if not stopped and not holder.in_bubble and want:
         if len(have) == want and have <= pool.free():
@@ -157,6 +187,35 @@ def _adopt(
                     want,
                 )
     pool.record(container.id, holder)
+
+
+def _member_pool_of(container: ContainerView) -> str:
+    """The pool of a container whose pod the runtime no longer lists (it goes soon)."""
+    return BE_POOL if container.resources.qos_class is QoSClass.BEST_EFFORT else SHARED_POOL
+
+
+def _scheduled(pool: CpuPool, pod: PodView | None) -> ScheduledResources:
+    """What koord-scheduler gave the pod, if it fits this node (otherwise logged: its
+    containers run on their pool)."""
+    if pod is None:
+        return ScheduledResources()
+    try:
+        scheduled = scheduled_resources(pod)
+        check_on_node(scheduled, pool.topology)
+    except ValueError as exc:
+        log.error("cpuset: pod %s/%s: %s; it runs on a pool", pod.namespace, pod.name, exc)
+        return ScheduledResources()
+    return scheduled
+
+
+def _scheduled_holder(holder: Holder, pod: PodView, cpus: frozenset[int]) -> Holder:
+    return replace(
+        holder,
+        cpus=cpus,
+        scheduled=True,
+        be_shares=be_may_share(pod),
+        pod_name=f"{pod.namespace}/{pod.name}",
+    )
 
 
 def _split_overlaps(pool: CpuPool) -> None:

@@ -1,0 +1,232 @@
+"""The built-in `koordinator` hook: what koordlet's runtime hooks give Koordinator's pods, from
+the signals Koordinator puts on them (`protocol`), without the API server.
+
+    RunPodSandbox    pre: a pod koord-scheduler gave CPUs gets them, and no CFS quota, on
+                          its sandbox; a BE pod its batch resources, summed (`batch`)
+    CreateContainer  hints/pre/post/failed: CPUs placed on Koordinator's pools by the
+                          cpuset ledger (`cpu_manager = "none"`); pre: a BE container its
+                          batch CFS quota/period, shares and memory limit
+    UpdateContainerResources  pre: the cpuset and the batch values stay (kubelet re-sends
+                          BestEffort resources)
+    UpdatePodSandboxResources pre: the pod-level values stay
+    Stop/RemoveContainer, RemovePodSandbox  post: CPUs given back, pools updated
+
+CPU placement is one ledger, the cpuset package's, shared by both hooks that place CPUs:
+with `cpu_manager = "none"` this hook runs it in kubelet's `none` mode (no exclusive CPUs
+but the scheduler's); with `cpu_manager = "cpuset"` the cpuset hook (before this one in the
+chain) runs it as kubelet's static policy, and this hook sets no container cpuset. Either
+way the ledger honours Koordinator's CPU signals (`crihook.hooks.cpuset.koordinator`).
+
+A pod labelled `runtimeproxy.koordinator.sh/skip-hookserver: "true"` gets nothing of
+Koordinator's from this hook, and is placed and counted on the pools like every pod (the
+resource hooks' rule for exempt pods). The hook does not honour crihook's exemption for the
+same reason: exempt pods are placed and counted too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from crihook.hooks.cpuset import CpusetHook
+from crihook.hooks.cpuset.koordinator import (
+    RESOURCE_STATUS_ANNOTATION,
+    ScheduledResources,
+    check_on_node,
+    scheduled_resources,
+)
+from crihook.hooks.koordinator.batch import container_resources, pod_resources
+from crihook.hooks.koordinator.options import KoordinatorOptions, cpuset_options, parse_options
+from crihook.hooks.koordinator.protocol import (
+    BatchSpec,
+    batch_spec,
+    is_batch,
+    qos_class,
+    skipped,
+)
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerUpdate,
+    ContainerView,
+    Hook,
+    HookContext,
+    InvalidRequest,
+    PodView,
+    Reject,
+    ResourceHints,
+    SyncContext,
+)
+
+__all__ = ["KoordinatorHook"]
+
+log = logging.getLogger(__name__)
+
+
+class KoordinatorHook(Hook):
+    honours_exemption = False
+    sets = ("cpuset_cpus", "cpu_quota", "cpu_period", "cpu_shares", "memory_limit_in_bytes")
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.config: KoordinatorOptions = parse_options(self.options)
+        self._cpus: CpusetHook | None = None
+        """The CPU ledger, when this hook places CPUs (`cpu_manager = "none"`)."""
+        if self.config.places_cpus:
+            self._cpus = CpusetHook(cpuset_options(self.config))
+        self._node: Topology | None = None
+
+    @property
+    def ledger(self) -> CpusetHook | None:
+        return self._cpus
+
+    # --- start-up ----------------------------------------------------------------------------
+    async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        self._node = sync.node
+        if self._cpus is None:
+            return ()
+        return await self._cpus.synchronize(sync)
+
+    # --- RunPodSandbox: the pod's own resources ----------------------------------------------
+    async def pre_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        pod = ctx.pod
+        if skipped(pod):
+            return None
+        adjustment = self._pod_resources(pod)
+        log.debug(
+            "koordinator: pod %s: QoS %s%s",
+            _pod(pod),
+            getattr(qos_class(pod), "value", "none"),
+            f", sets {adjustment!r}" if adjustment else "",
+        )
+        return adjustment
+
+    async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
+        if self._cpus is not None:
+            await self._cpus.pre_update_pod_sandbox_resources(ctx)  # may refuse the resize
+        return None if skipped(ctx.pod) else self._pod_resources(ctx.pod)
+
+    # --- CreateContainer -----------------------------------------------------------------------
+    async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
+        return await self._cpus.hints_create_container(ctx) if self._cpus is not None else None
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        container = _container(ctx)
+        if self._cpus is not None:
+            _refuse_a_second_cpu_manager(ctx, container)
+            adjustment = await self._cpus.pre_create_container(ctx)
+        else:
+            self._check_placed(ctx, container)
+            adjustment = None
+        return self._with_batch(ctx.pod, container, adjustment)
+
+    async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
+        return await self._cpus.post_create_container(ctx) if self._cpus is not None else None
+
+    async def failed_create_container(self, ctx: HookContext) -> None:
+        if self._cpus is not None:
+            await self._cpus.failed_create_container(ctx)
+
+    # --- UpdateContainerResources: what was set stays ------------------------------------------
+    async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        adjustment = None
+        if self._cpus is not None:
+            adjustment = await self._cpus.pre_update_container_resources(ctx)
+        if not ctx.request.HasField("linux"):  # annotations only: no resources to keep
+            return adjustment
+        return self._with_batch(ctx.pod, _container(ctx), adjustment)
+
+    # --- giving CPUs back ------------------------------------------------------------------------
+    async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:
+        return await self._cpus.post_stop_container(ctx) if self._cpus is not None else None
+
+    async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
+        return await self._cpus.post_remove_container(ctx) if self._cpus is not None else None
+
+    async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        if self._cpus is None:
+            return None
+        return await self._cpus.post_remove_pod_sandbox(ctx)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _pod_resources(self, pod: PodView) -> Adjustment | None:
+        """koordlet's pod-level values: the scheduler's CPUs without a CFS quota, or a BE
+        pod's batch resources (kubelet leaves BestEffort pods unlimited)."""
+        adjustment = None
+        cpus = self._scheduled(pod).cpus
+        if cpus:
+            adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).set_cpu_quota(-1)
+        if is_batch(pod):
+            spec = _batch_spec(pod)
+            if spec is not None:
+                values = pod_resources(spec, cfs_quota=self.config.batch_cfs_quota)
+                adjustment = values.apply(adjustment or Adjustment())
+        return adjustment
+
+    def _with_batch(
+        self, pod: PodView, container: ContainerView, adjustment: Adjustment | None
+    ) -> Adjustment | None:
+        """A BE container's batch values on top of `adjustment` (the ledger's)."""
+        if not is_batch(pod) or skipped(pod):
+            return adjustment
+        spec = _batch_spec(pod)
+        entry = spec.containers.get(container.name) if spec is not None else None
+        if entry is None:  # koordlet: nothing given for it, kubelet's values stay
+            return adjustment
+        values = container_resources(entry, cfs_quota=self.config.batch_cfs_quota)
+        return values.apply(adjustment or Adjustment())
+
+    def _scheduled(self, pod: PodView) -> ScheduledResources:
+        try:
+            scheduled = scheduled_resources(pod)
+            if self._node is not None and (scheduled.cpus or scheduled.numa_nodes):
+                check_on_node(scheduled, self._node)
+        except ValueError as exc:
+            raise InvalidRequest(f"pod {_pod(pod)}: {exc}") from None
+        return scheduled
+
+    def _check_placed(self, ctx: HookContext, container: ContainerView) -> None:
+        """`cpu_manager = "cpuset"`: the cpuset hook before this one must have put a pod
+        koord-scheduler gave CPUs on them; if nothing did, the chain is misconfigured."""
+        cpus = self._scheduled(ctx.pod).cpus
+        if not cpus:
+            return
+        placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        if parse_cpu_list(placed) != cpus:
+            raise Reject(
+                f"container {container.name!r} of pod {_pod(ctx.pod)} was given cpus "
+                f"{format_cpu_list(cpus)} by koord-scheduler ({RESOURCE_STATUS_ANNOTATION}), "
+                f"but no hook before koordinator put it on them ({placed or 'no cpuset'}): "
+                '[hooks.koordinator] cpu_manager = "cpuset" needs the cpuset hook earlier in '
+                'the chain; without it set cpu_manager = "none"'
+            )
+
+
+def _refuse_a_second_cpu_manager(ctx: HookContext, container: ContainerView) -> None:
+    """`cpu_manager = "none"`: this hook places CPUs; a cpuset set by a hook before it means
+    another CPU manager (the cpuset hook) is in the chain too: two ledgers would hand the
+    same CPUs out twice."""
+    placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+    if placed != container.resources.cpuset_cpus:
+        raise Reject(
+            f"a hook before koordinator set container {container.name!r}'s cpuset "
+            f"({placed}): with the cpuset hook in the chain, set [hooks.koordinator] "
+            'cpu_manager = "cpuset" (it then places CPUs for Koordinator\'s pods too)'
+        )
+
+
+def _batch_spec(pod: PodView) -> BatchSpec | None:
+    try:
+        return batch_spec(pod)
+    except ValueError as exc:
+        raise InvalidRequest(f"pod {_pod(pod)}: {exc}") from None
+
+
+def _container(ctx: HookContext) -> ContainerView:
+    assert ctx.container is not None, "container stages always carry the container"
+    return ctx.container
+
+
+def _pod(pod: PodView) -> str:
+    return f"{pod.namespace}/{pod.name}" if pod.name else pod.id[:12]
