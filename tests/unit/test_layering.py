@@ -89,6 +89,42 @@ def test_imports_point_one_way(module: str) -> None:
     assert wrong == [], f"{module} ({prefix}) may import only {allowed}, not {wrong}"
 
 
+# Built-in hooks use hooks.spec and hooks.node, not one another (each can be left out of a
+# chain, and none reaches into another's state). The one exception, until the CPU ledger
+# moves below both: koordinator drives the cpuset package's ledger (docs/hooks.md).
+BUILTIN_PACKAGES = sorted(
+    {
+        "crihook.hooks." + p.name
+        for p in (ROOT / "hooks").iterdir()
+        if (p / "hook.py").exists() and p.name != "spec"  # spec/hook.py is the Hook base
+    }
+    | {"crihook.hooks.examples." + p.name for p in (ROOT / "hooks/examples").iterdir()
+       if (p / "__init__.py").exists()}
+)  # fmt: skip
+CROSS_HOOK_EXCEPTIONS = {("crihook.hooks.koordinator", "crihook.hooks.cpuset")}
+
+
+def _package(module: str) -> str | None:
+    return next((p for p in BUILTIN_PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
+def test_built_in_hooks_are_found() -> None:
+    assert {"crihook.hooks.cpuset", "crihook.hooks.devices", "crihook.hooks.examples.guard"} <= (
+        set(BUILTIN_PACKAGES)
+    )
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _package(m)))
+def test_built_in_hooks_do_not_import_one_another(module: str) -> None:
+    own = _package(module)
+    others = {
+        (own, other)
+        for i in _imports(MODULES[module], module)
+        if (other := _package(i)) is not None and other != own
+    }
+    assert others <= CROSS_HOOK_EXCEPTIONS, f"{module} imports another built-in hook: {others}"
+
+
 def test_the_check_catches_a_hook_importing_the_proxy(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
