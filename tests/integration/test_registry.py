@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+from tests.lab import peers
 from tests.lab.containerd import Containerd
 from tests.lab.containerd_config import REGISTRY_HOSTS, hosts_toml
 from tests.lab.images import LabImages
@@ -151,12 +152,17 @@ def test_hosts_toml_names_only_the_mirror() -> None:
 
 
 @pytest.fixture
-def mirrored_containerd(lab_images: LabImages) -> Iterator[tuple[Containerd, Registry, str]]:
+def mirrored_containerd(
+    containerd_version: str, lab_images: LabImages
+) -> Iterator[tuple[Containerd, Registry, str]]:
+    """A private containerd (of each version: the two read hosts.toml differently) whose
+    registries all resolve to a loopback registry."""
     catalog, _, config_digest = _image(b"pulled through the mirror")
     with Registry(catalog) as registry:
         lab = Containerd(
             tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"),
             lab_images,
+            binaries=peers.containerd_binaries(containerd_version),
             registry_mirror=registry.url,
         )
         try:
@@ -167,6 +173,7 @@ def mirrored_containerd(lab_images: LabImages) -> Iterator[tuple[Containerd, Reg
 
 
 @pytest.mark.containerd
+@pytest.mark.both_containerds
 def test_containerd_pulls_through_the_mirror_and_nowhere_else(
     mirrored_containerd: tuple[Containerd, Registry, str],
 ) -> None:

