@@ -448,3 +448,65 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
 
 def _reservations(state: dict[str, Any]) -> list[str]:
     return [k for k in state if k.startswith("r:")]
+
+
+# --- 3. in-place resize (kubelet 1.35+) ----------------------------------------------------------
+
+
+def test_resizes_grow_and_shrink_on_the_host_and_exclusive_ones_are_refused(
+    containerd: Containerd,
+    containerd_version: str,
+    pod_cleanup: PodCleanup,
+    start_crihook: Start,
+    topology: Topology,
+) -> None:
+    """A resize is UpdateContainerResources per container and UpdatePodSandboxResources for
+    the pod. A shared container grows and shrinks in its cgroup; a container with exclusive
+    CPUs cannot change its CPUs (kubelet's static policy calls that infeasible) and nothing
+    changes on the host, while kubelet's revert to what it has goes through."""
+    proc = start_crihook(RESERVED_0)
+    online = topology.online
+    with kubelet_for(proc, containerd) as kubelet:
+        shared_pod, shared, _ = run_pod(kubelet, burstable("resized"), pod_cleanup)
+        pinned_pod, pinned, _ = run_pod(kubelet, guaranteed("pinned"), pod_cleanup)
+        held = cpuset_cpus(pinned_pod, pinned)
+        assert cpuset_cpus(shared_pod, shared) == online - held
+
+        # The Burstable container grows from 500m to 1 CPU and shrinks to 200m: the CFS
+        # quota follows in the host's cgroup, and it stays on the shared pool.
+        for quota, shares in ((100_000, 512), (20_000, 102)):
+            update_resources(kubelet, shared_pod, shared, cpu_quota=quota, cpu_shares=shares)
+            assert cgroup_value("cpu", shared_pod, shared, "cpu.cfs_quota_us") == str(quota)
+            assert cgroup_value("cpu", shared_pod, shared, "cpu.shares") == str(shares)
+            assert cpuset_cpus(shared_pod, shared) == online - held
+
+        # The Guaranteed container asks for 2 CPUs, then for half of one: both infeasible.
+        for quota, shares in ((200_000, 2048), (50_000, 512)):
+            with pytest.raises(grpc.RpcError) as info:
+                update_resources(kubelet, pinned_pod, pinned, cpu_quota=quota, cpu_shares=shares)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "infeasible" in info.value.details(), info.value.details()
+            assert cpuset_cpus(pinned_pod, pinned) == held
+            assert cgroup_value("cpu", pinned_pod, pinned, "cpu.cfs_quota_us") == "-1"
+        update_resources(kubelet, pinned_pod, pinned)  # kubelet's revert: what it has
+        assert cpuset_cpus(pinned_pod, pinned) == held
+
+        # The pod-level call, after the container-level ones: without a pod-level CPU bubble
+        # (topology_scope = "pod", checked on the sysfs fixtures) crihook passes it on.
+        # containerd 2.x implements it (and tells NRI plugins); 1.6 answers UNIMPLEMENTED,
+        # which kubelet tolerates.
+        for handle, resources in (
+            (shared_pod, api_pb2.LinuxContainerResources(cpu_shares=102, cpu_quota=20_000)),
+            (pinned_pod, api_pb2.LinuxContainerResources(cpu_shares=1024, cpu_quota=100_000)),
+        ):
+            request = api_pb2.UpdatePodSandboxResourcesRequest(
+                pod_sandbox_id=handle.sandbox_id, resources=resources
+            )
+            if containerd_version == "1.6":
+                with pytest.raises(grpc.RpcError) as info:
+                    kubelet.runtime.UpdatePodSandboxResources(request, timeout=30)
+                assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            else:
+                kubelet.runtime.UpdatePodSandboxResources(request, timeout=30)
+        assert cpuset_cpus(pinned_pod, pinned) == held
+        assert cpuset_cpus(shared_pod, shared) == online - held
