@@ -127,6 +127,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         hooks=4,
     ),
     Scenario(
+        name="hooks-4-record",
+        args=("--record", "{dir}/record.jsonl"),
+        config=_annotate_hooks(4),
+        about="hooks-4 with every intercepted call recorded (crihook serve --record): against "
+        "hooks-4, what recording costs (the line is written by a background thread, no "
+        "fsync). Not measured by default",
+        default=False,
+    ),
+    Scenario(
         name="hooks-1",
         args=(),
         config=_annotate_hooks(1),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import signal
 import time
@@ -25,7 +26,7 @@ from google.protobuf.message import DecodeError
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import LinuxHost, Topology, TopologyError
+from crihook.hooks.node import Host, HostFiles, LinuxFiles, LinuxHost, Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.proxy import sdnotify
 from crihook.proxy.chain import Chain
@@ -33,15 +34,18 @@ from crihook.proxy.config import Settings
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
+from crihook.proxy.observe import ObservedFiles, ObservedHost, ObservedQueries
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory
+from crihook.proxy.record import Recorder, device_pool_facts
+from crihook.proxy.record_format import header_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import prepare_listen_path, secure_socket
 from crihook.proxy.store import Store
-from crihook.proxy.sync import RuntimeView, Synchronizer
+from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 
 __all__ = ["App", "run"]
 
@@ -65,17 +69,37 @@ class App:
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness, placement)
+        # The seams hooks learn the node through; noted per call while recording.
+        host: Host = LinuxHost()
+        files: HostFiles = LinuxFiles()
+        queries: SyncQueries = RuntimeView(self.runtime)
+        self.recorder: Recorder | None = None
+        if settings.record.file is not None:
+            host, files = ObservedHost(host), ObservedFiles(files)
+            queries = ObservedQueries(queries)  # delegates what it does not observe
+            self.recorder = Recorder(
+                settings.record,
+                self._header_line,
+                self._snapshot_line,
+                self.pipeline.quiesced,
+                self.pipeline.next_seq,
+            )
+        self._files = files
         self.sync = Synchronizer(
             self.chain,
             self.store,
-            RuntimeView(self.runtime),
+            queries,
             self.runtime,
             self.pipeline.updater,
             self.node,
-            LinuxHost(),
+            host,
             settings.node.topology_policy,
             settings.node.topology_scope,
+            files=files,
         )
+        if self.recorder is not None:
+            self.pipeline.on_outcome = self.recorder.call
+            self.sync.on_sync = self._record_sync
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
@@ -122,6 +146,42 @@ class App:
         permitted = self.chain.permitted_updates(hook, updates)
         await self.pipeline.updater.send(stamp(hook, permitted), {"method": "Synchronize"})
 
+    # --- recording -----------------------------------------------------------------------
+    def _header_line(self) -> dict[str, Any]:
+        pools, facts = device_pool_facts(self.settings, self._files)
+        redacted = not self.settings.record.secrets
+        return header_line(self.settings, self.node, pools, facts, time.time(), redacted)
+
+    def _snapshot_line(self, seq: int) -> dict[str, Any]:
+        """What a rotated file starts from: the pods, containers and hook states now (taken
+        while no call is in flight)."""
+        assert self.recorder is not None
+        pods, containers = self.store.snapshot()
+        hook_states = json.loads(json.dumps(self.store.hook_states()))
+        states = self.store.container_states()
+        redactor = self.recorder.redactor
+        return sync_line(
+            "snapshot", seq, time.time(), "rotate", pods, containers, states, hook_states, [], [],
+            redactor,
+        )  # fmt: skip
+
+    def _record_sync(self, report: SyncReport) -> None:
+        assert self.recorder is not None
+        line = sync_line(
+            "sync",
+            self.pipeline.next_seq(),
+            time.time(),
+            report.reason,
+            report.pods,
+            report.containers,
+            report.container_states,
+            report.hook_states,
+            report.updates,
+            report.observed,
+            self.recorder.redactor,
+        )
+        self.recorder.line(line)
+
     def status(self) -> dict[str, Any]:
         return {
             "version": __version__,
@@ -137,6 +197,7 @@ class App:
             "update_failures": self.pipeline.updater.failures,
             "synchronize_failures": self.sync.failures,
             "store": self.store.status(),
+            "recording": self.recorder.status() if self.recorder is not None else None,
         }
 
     async def _become_ready(self) -> None:
@@ -208,6 +269,14 @@ class App:
         self.build_hooks()
         for entry in self.chain.entries:
             await entry.hook.start()
+        if self.recorder is not None:
+            self.recorder.start()
+            log.info(
+                "recording intercepted calls%s to %s%s",
+                " and pass-through calls" if settings.record.all else "",
+                settings.record.file,
+                " (secrets kept)" if settings.record.secrets else "",
+            )
         path = settings.server.socket_path
         prepare_listen_path(path)
         server = build_server(
@@ -216,6 +285,7 @@ class App:
             self.readiness,
             settings.server.max_message_bytes,
             observers={"RestorePod": self._restored},
+            recorder=self.recorder if settings.record.all else None,
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
@@ -256,6 +326,8 @@ class App:
             await self.sync.close()
             await self.plugins.close()
             await self.chain.close()
+            if self.recorder is not None:
+                await self.recorder.close()
             await self.store.close()
             await self.runtime.close()
             with contextlib.suppress(FileNotFoundError):

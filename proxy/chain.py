@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from google.protobuf.message import Message
@@ -291,12 +292,14 @@ class Chain:
         exempt: bool = False,
         affinity: TopologyHint | None = None,
         ran: list[str] | None = None,
+        trace: list[Any] | None = None,
     ) -> Merger:
         """Run every subscribed hook of a pre or post stage; returns the merge (request
         changed in place unless dry-run). Raises a HookError/HookConflict/HookRequired that
         must fail the call. `ran` collects the hooks called (for the failed stage), also when
-        it raises. In the pre stage, a required hook (config, or the pod's annotation) that
-        does not run successfully fails the call whatever its failure policy."""
+        it raises; `trace` each hook's verdict, adjustment and time. In the pre stage, a
+        required hook (config, or the pod's annotation) that does not run successfully fails
+        the call whatever its failure policy."""
         merger = Merger(event, request, self.settings.conflict, self.settings.precedence)
         post = stage is Stage.POST
         required = self._required(event, pod) if stage is Stage.PRE else _NOT_REQUIRED
@@ -308,10 +311,24 @@ class Chain:
             ctx.affinity = affinity
             if ran is not None:
                 ran.append(entry.name)
-            adjustment = await self._adjustment(entry, merger, post, ctx, must)
+            started = perf_counter()
+            try:
+                adjustment = await self._adjustment(entry, merger, post, ctx, must)
+            except BaseException as exc:
+                if trace is not None:
+                    trace.append(_failed_run(entry.name, stage, exc, started))
+                raise
             if adjustment is None:
+                if trace is not None:
+                    why = merger.unapplied.get(entry.name, "")
+                    verdict = "ignored" if why else "nothing"
+                    trace.append((entry.name, stage, verdict, why, None, perf_counter() - started))
                 continue
-            if self.settings.dry_run or entry.settings.dry_run:
+            dry = self.settings.dry_run or entry.settings.dry_run
+            if trace is not None:
+                verdict = "dry-run" if dry else "adjusted"
+                trace.append((entry.name, stage, verdict, "", adjustment, perf_counter() - started))
+            if dry:
                 log.info(
                     "dry-run: %s would apply %r",
                     entry.name,
@@ -337,6 +354,7 @@ class Chain:
         deadline: float | None,
         *,
         exempt: bool = False,
+        trace: list[Any] | None = None,
     ) -> None:
         """Every validator, on the final request: a Reject fails the call (HookRejected); a
         validator's failure follows its policy (required validators fail the call)."""
@@ -350,16 +368,26 @@ class Chain:
                 entry, event, Stage.VALIDATE, pod, container, request, None, deadline
             )
             ctx.owners = owners
+            started = perf_counter()
+            verdict, why = "ok", ""
             try:
-                answer = await self._invoke(entry, ctx)
-                if answer is not None:
-                    raise HookInvalidAdjustment(
-                        entry.name, f"a validator returned {type(answer).__name__}, not None"
-                    )
-            except HookRejected:
+                try:
+                    answer = await self._invoke(entry, ctx)
+                    if answer is not None:
+                        raise HookInvalidAdjustment(
+                            entry.name, f"a validator returned {type(answer).__name__}, not None"
+                        )
+                except HookRejected:
+                    raise
+                except HookError as error:
+                    self._fail_or_ignore(entry, error, event, pod, must)
+                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+            except BaseException as exc:
+                if trace is not None:
+                    trace.append(_failed_run(entry.name, Stage.VALIDATE, exc, started))
                 raise
-            except HookError as error:
-                self._fail_or_ignore(entry, error, event, pod, must)
+            if trace is not None:
+                trace.append(_run(entry.name, Stage.VALIDATE, verdict, why, None, started))
 
     def _required(self, event: Event, pod: PodView) -> dict[str, str]:
         """Required hooks (base name → who requires it); HookRequired for one not there."""
@@ -401,6 +429,7 @@ class Chain:
         deadline: float | None,
         *,
         exempt: bool = False,
+        trace: list[Any] | None = None,
     ) -> list[tuple[str, ResourceHints]]:
         """Every subscribed hook's NUMA hints, in chain order. A failing hook under
         `ignore` offers none; under `fail` the call fails."""
@@ -409,12 +438,24 @@ class Chain:
             if not entry.wants(event, Stage.HINTS, exempt):
                 continue
             ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
+            started = perf_counter()
+            verdict, why, hints = "nothing", "", None
             try:
-                answer = await self._invoke(entry, ctx)
-                if answer is not None:
-                    offered.append((entry.name, _check_hints(entry.name, answer)))
-            except HookError as error:
-                self._fail_or_ignore(entry, error, event, pod)
+                try:
+                    answer = await self._invoke(entry, ctx)
+                    if answer is not None:
+                        hints = _check_hints(entry.name, answer)
+                        offered.append((entry.name, hints))
+                        verdict = "hints"
+                except HookError as error:
+                    self._fail_or_ignore(entry, error, event, pod)
+                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+            except BaseException as exc:
+                if trace is not None:
+                    trace.append(_failed_run(entry.name, Stage.HINTS, exc, started))
+                raise
+            if trace is not None:
+                trace.append(_run(entry.name, Stage.HINTS, verdict, why, hints, started))
         return offered
 
     async def run_failed(
@@ -425,6 +466,7 @@ class Chain:
         container: ContainerView | None,
         request: Message,
         failure: str,
+        trace: list[Any] | None = None,
     ) -> None:
         """Tell the named hooks (their pre stage ran) that the call failed or their
         adjustment was not applied. Never raises: a hook's failure here is logged and
@@ -435,15 +477,20 @@ class Chain:
                 continue
             ctx = self._context(entry, event, Stage.FAILED, pod, container, request, None, None)
             ctx.failure = failure
+            started = perf_counter()
+            verdict, why = "told", failure
             try:
                 await self._invoke(entry, ctx)
             except HookError as error:
                 entry.counters["failed_stage_errors"] += 1
+                verdict, why = "failed", str(error)
                 log.error(
                     "%s (failed stage: it may keep what it reserved until the next reconcile)",
                     error,
                     extra={"hook": entry.name, "method": event.value, "pod": _pod_label(pod)},
                 )
+            if trace is not None:
+                trace.append(_run(entry.name, Stage.FAILED, verdict, why, None, started))
 
     def _context(
         self,
@@ -630,6 +677,24 @@ class Chain:
 
 def _pod_label(pod: PodView) -> str:
     return f"{pod.namespace}/{pod.name}"
+
+
+def _run(
+    hook: str, stage: Stage, verdict: str, why: str, answer: Any, started: float
+) -> tuple[Any, ...]:
+    """A hook's run, as HookRun's fields (the trace keeps plain tuples: cheaper)."""
+    return (hook, stage, verdict, why, answer, perf_counter() - started)
+
+
+def _failed_run(hook: str, stage: Stage, exc: BaseException, started: float) -> tuple[Any, ...]:
+    """A hook's run that ended the call: refused it, or failed under `fail`."""
+    if isinstance(exc, HookRejected):
+        verdict = "rejected"
+    elif isinstance(exc, asyncio.CancelledError):
+        verdict = "cancelled"
+    else:
+        verdict = "failed"
+    return (hook, stage, verdict, str(exc), None, perf_counter() - started)
 
 
 def _check_hints(hook: str, answer: object) -> ResourceHints:

@@ -1,4 +1,5 @@
-"""Command line: `crihook serve` runs the proxy, `crihook state` shows what it knows.
+"""Command line: `crihook serve` runs the proxy, `crihook state` shows what it knows,
+`crihook replay` runs a recording through the chain.
 
 Flags override the config file. Any bad setting or flag is one line on stderr naming it,
 and exit code 2.
@@ -92,13 +93,42 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--dry-run", action="store_true", help="run hooks and log their adjustments, apply nothing"
     )
+    serve.add_argument(
+        "--record",
+        metavar="FILE",
+        help="append every intercepted call to FILE, one JSON line each (see crihook replay)",
+    )
+    serve.add_argument("--record-all", action="store_true", help="record pass-through calls too")
+    serve.add_argument(
+        "--record-secrets",
+        action="store_true",
+        help="keep env values and secret-looking annotations in the recording",
+    )
     serve.add_argument("--log-format", choices=("plain", "json"))
     serve.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error"))
 
     state = sub.add_parser("state", help="show pods, containers, owners and hook states")
     state.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     state.add_argument("--json", action="store_true", help="machine-readable output")
-    parser._subcommands = {"serve": serve, "state": state}
+
+    replay = sub.add_parser(
+        "replay",
+        help="run a recording (crihook serve --record) through the chain and compare; "
+        "exit 0 same, 1 different, 2 unreadable file",
+    )
+    replay.add_argument("file", type=Path, help="the recording")
+    replay.add_argument(
+        "--config", type=Path, default=None, help="replay with this config (default: recorded)"
+    )
+    replay.add_argument("--hooks", help="replay with these hooks instead (or none)")
+    replay.add_argument(
+        "--update", action="store_true", help="rewrite the recording's expectations"
+    )
+    replay.add_argument(
+        "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"),
+        default="error", help="crihook's own log while replaying (default error)",
+    )  # fmt: skip
+    parser._subcommands = {"serve": serve, "state": state, "replay": replay}
     return parser
 
 
@@ -123,6 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "replay":
+            from crihook.proxy.replay_cli import replay_command
+
+            configure_logging("plain", args.log_level)
+            return replay_command(args.file, args.config, args.hooks, args.update, sys.stdout)
         from crihook.proxy.state_cli import show_state
 
         return show_state(args.state_dir, args.json)

@@ -24,6 +24,7 @@ __all__ = [
     "ChainSettings",
     "HookSettings",
     "NodeSettings",
+    "RecordSettings",
     "RuntimeSettings",
     "ServerSettings",
     "Settings",
@@ -163,12 +164,50 @@ class NodeSettings:
     resources gets one NUMA-aligned bubble at RunPodSandbox, its containers share it."""
 
 
+DEFAULT_REDACT_ANNOTATIONS = (
+    "*password*",
+    "*passwd*",
+    "*secret*",
+    "*token*",
+    "*credential*",
+    "*apikey*",
+    "*api-key*",
+    "*private*key*",
+)
+DEFAULT_REDACT_VALUES = ("-----BEGIN*", "eyJ*.*.*")
+"""PEM blocks (keys, certificates) and JSON web tokens."""
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """Recording of the intercepted CRI traffic (`[record]`, `crihook serve --record FILE`)."""
+
+    file: Path | None = None
+    """Where calls are appended, one JSON line each; None: no recording."""
+    all: bool = False
+    """Pass-through (unary) calls too, not only the intercepted ones."""
+    secrets: bool = False
+    """Keep env values and secret-looking annotations; by default they are redacted."""
+    max_bytes: int = 64 * 1024 * 1024
+    """When the file grows past this, it is rotated (FILE → FILE.1 → FILE.2 ...)."""
+    keep: int = 3
+    """Rotated files kept besides FILE."""
+    redact_annotations: tuple[str, ...] = DEFAULT_REDACT_ANNOTATIONS
+    """Globs (case-insensitive) on annotation names: the value of an annotation whose name
+    matches one is replaced by `<redacted>` (unless `secrets`)."""
+    redact_values: tuple[str, ...] = DEFAULT_REDACT_VALUES
+    """Globs (case-insensitive) on annotation values: a value that matches one is replaced
+    too, whatever the annotation's name. (Values hooks read, such as the devices hook's JSON,
+    must not match: a replay would see `<redacted>` instead.)"""
+
+
 @dataclass(frozen=True)
 class Settings:
     server: ServerSettings = ServerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     chain: ChainSettings = ChainSettings()
     node: NodeSettings = NodeSettings()
+    record: RecordSettings = RecordSettings()
     state_dir: Path = DEFAULT_STATE_DIR
     log_format: str = "plain"
     log_level: str = "info"
@@ -233,8 +272,18 @@ _TOP_KEYS = {
     "runtime_startup_wait_max_seconds",
     "hooks",
     "node",
+    "record",
 }
 _NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope"}
+_RECORD_KEYS = {
+    "file",
+    "all",
+    "secrets",
+    "max_bytes",
+    "keep",
+    "redact_annotations",
+    "redact_values",
+}
 _CHAIN_KEYS = {
     "order",
     "conflict",
@@ -414,6 +463,30 @@ def _node_settings(doc: Mapping[str, Any]) -> NodeSettings:
     return NodeSettings(**node)
 
 
+def _record_settings(doc: Mapping[str, Any]) -> RecordSettings:
+    table = _typed("[record]", doc.get("record", {}), dict, "a table")
+    for key in table:
+        if key not in _RECORD_KEYS:
+            raise ConfigError(f"[record] {key}", "unknown setting")
+    record: dict[str, Any] = {}
+    if "file" in table:
+        record["file"] = _abs_path("[record] file", table["file"])
+    for flag in ("all", "secrets"):
+        if flag in table:
+            record[flag] = _typed(f"[record] {flag}", table[flag], bool, "true or false")
+    if "max_bytes" in table:
+        size = _typed("[record] max_bytes", table["max_bytes"], int, "a whole number of bytes")
+        if size < MIN_MAX_MESSAGE_BYTES:
+            raise ConfigError("[record] max_bytes", f"must be at least {MIN_MAX_MESSAGE_BYTES}")
+        record["max_bytes"] = size
+    if "keep" in table:
+        record["keep"] = _count("[record] keep", table["keep"])
+    for patterns in ("redact_annotations", "redact_values"):
+        if patterns in table:
+            record[patterns] = _str_list(f"[record] {patterns}", table[patterns])
+    return RecordSettings(**record)
+
+
 def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
     for key in doc:
         if key not in _TOP_KEYS:
@@ -458,6 +531,7 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         runtime=RuntimeSettings(**runtime),
         chain=ChainSettings(**chain),
         node=_node_settings(doc),
+        record=_record_settings(doc),
         **top,
     )
 
@@ -521,7 +595,16 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         top["log_format"] = _choice("--log-format", flags["log_format"], LOG_FORMATS)
     if flags.get("log_level") is not None:
         top["log_level"] = _choice("--log-level", flags["log_level"].lower(), LOG_LEVELS)
-    return replace(settings, server=server, runtime=runtime, chain=chain, node=node, **top)
+    record = settings.record
+    if flags.get("record") is not None:
+        record = replace(record, file=_abs_path("--record", str(Path(flags["record"]).absolute())))
+    if flags.get("record_all"):
+        record = replace(record, all=True)
+    if flags.get("record_secrets"):
+        record = replace(record, secrets=True)
+    return replace(
+        settings, server=server, runtime=runtime, chain=chain, node=node, record=record, **top
+    )
 
 
 def _hooks_flag(value: str, chain: ChainSettings) -> tuple[HookSettings, ...]:

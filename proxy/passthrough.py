@@ -7,16 +7,19 @@ kubelet gets. kubelet's deadline and metadata travel with the call.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 
-from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.outcome import Status, clean_metadata
+from crihook.proxy.runtime_client import RuntimeClient, status_of
 
 __all__ = [
     "Observer",
+    "PassthroughRecord",
     "Readiness",
     "abort_with",
     "call_options",
@@ -27,8 +30,6 @@ __all__ = [
 
 # More than this many seconds means "no deadline": grpc reports a huge remaining time then.
 _NO_DEADLINE = 1e8
-_RESERVED_PREFIXES = ("grpc-", ":")
-_HOP_BY_HOP = frozenset({"user-agent", "content-type", "te", "host"})
 
 
 class Readiness:
@@ -43,13 +44,7 @@ class Readiness:
         self.reason = reason
 
 
-def _metadata(md: Any) -> tuple[tuple[str, Any], ...] | None:
-    if not md:
-        return None
-    kept = tuple(
-        (k, v) for k, v in md if not k.startswith(_RESERVED_PREFIXES) and k not in _HOP_BY_HOP
-    )
-    return kept or None
+_metadata = clean_metadata
 
 
 def call_options(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, Any]:
@@ -78,6 +73,10 @@ Behaviour = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Coroutine[Any,
 Observer = Callable[[bytes], None]
 """Told the runtime's answer (bytes) to a forwarded call that succeeded."""
 
+PassthroughRecord = Callable[[str, bytes, bytes | None, Status | None, float], None]
+"""Told each forwarded unary call (`--record-all`): path, request, answer or status, and
+when it arrived (epoch seconds)."""
+
 
 def unary_handler(
     client: RuntimeClient,
@@ -85,8 +84,11 @@ def unary_handler(
     image_service: bool,
     readiness: Readiness,
     observer: Observer | None = None,
+    record: PassthroughRecord | None = None,
 ) -> grpc.RpcMethodHandler:
     call = client.unary(path, image_service)
+    if record is not None:
+        return _recorded_unary_handler(call, path, readiness, observer, record)
 
     async def forward(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         if not readiness.ready:
@@ -95,6 +97,35 @@ def unary_handler(
             response: bytes = await call(request, **call_options(context))
         except grpc.aio.AioRpcError as err:
             await abort_with(context, err)
+        if observer is not None:
+            observer(response)
+        return response
+
+    return grpc.unary_unary_rpc_method_handler(forward)
+
+
+def _recorded_unary_handler(
+    call: Any,
+    path: str,
+    readiness: Readiness,
+    observer: Observer | None,
+    record: PassthroughRecord,
+) -> grpc.RpcMethodHandler:
+    """`unary_handler`, telling `record` each call (kept apart: the unrecorded path stays as
+    lean as it is)."""
+
+    async def forward(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        started = time.time()
+        if not readiness.ready:
+            unavailable = Status(grpc.StatusCode.UNAVAILABLE, f"crihook: {readiness.reason}")
+            record(path, request, None, unavailable, started)
+            await _not_ready(context, readiness)
+        try:
+            response: bytes = await call(request, **call_options(context))
+        except grpc.aio.AioRpcError as err:
+            record(path, request, None, status_of(err), started)
+            await abort_with(context, err)
+        record(path, request, response, None, started)
         if observer is not None:
             observer(response)
         return response

@@ -1,9 +1,12 @@
-"""The flow of one intercepted call, written once for all eight:
+"""The flow of one intercepted call, written once for all eight, with no transport in it:
 
     decode → views (from the request or the store) → per-pod lock → pre stage (chain) →
     encode only if something changed → runtime → store (+ audit) → post stage →
     updates to other containers → the runtime's response bytes, unchanged.
 
+`Pipeline.handle(method, request bytes, metadata, deadline)` drives a `Runtime` and returns an
+`Outcome` (see `proxy.outcome`): the gRPC server is a thin adapter that turns it into an
+answer or a status, a recording writes it down, and a replay compares it with a recording.
 With no hook adjusting anything the request bytes kubelet sent are forwarded as they are.
 """
 
@@ -11,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
-import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
 from crihook.api.cri.v1 import api_pb2
@@ -31,13 +34,14 @@ from crihook.hooks.spec.views import (
     pod_view_from_config,
     resources_view,
 )
+from crihook.proxy import observe
 from crihook.proxy.chain import Chain
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.merge import Merger, jsonable
 from crihook.proxy.methods import INTERCEPTED, method_path
-from crihook.proxy.passthrough import Readiness, abort_with, call_options
+from crihook.proxy.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.passthrough import Readiness
 from crihook.proxy.placement import Placement
-from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
 from crihook.proxy.validate import check_request, check_wire
@@ -57,6 +61,8 @@ _POD_ID_EVENTS = frozenset(
 _UNKNOWN_OUTCOME = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+CRIHOOK, RUNTIME, KUBELET = "crihook", "runtime", "kubelet"
+"""Who ended a call that did not succeed (`Outcome.status_origin`)."""
 
 
 class _PodLocks:
@@ -166,7 +172,7 @@ class _Call:
 class Pipeline:
     def __init__(
         self,
-        runtime: RuntimeClient,
+        runtime: Runtime,
         chain: Chain,
         store: Store,
         readiness: Readiness,
@@ -178,89 +184,138 @@ class Pipeline:
         self.readiness = readiness
         self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
-        self._forward = {e: runtime.unary(spec.path) for e, spec in INTERCEPTED.items()}
+        self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
         self.updater = ContainerUpdater(runtime, store)
         self._undo = {
-            m: runtime.unary(method_path("RuntimeService", m))
+            m: runtime.call(method_path("RuntimeService", m))
             for m in ("StopPodSandbox", "RemovePodSandbox")
         }
         self._gate = _Gate()
         self.quiesced = self._gate.quiesced
+        self._seq = itertools.count(1)
         self.on_unknown_outcome: Callable[[PodView], None] | None = None
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
         runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
+        self.on_outcome: Callable[[Outcome], None] | None = None
+        """Told every call's outcome, with each hook's run and what the hooks asked the node
+        (recording, replay); also when kubelet cancelled the call. Called on the event loop;
+        must not block."""
 
-    def handler(self, event: Event) -> grpc.RpcMethodHandler:
-        async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            return await self.handle(event, raw, context)
-
-        return grpc.unary_unary_rpc_method_handler(handle)
+    def next_seq(self) -> int:
+        """The next number in the order calls enter the chain (a synchronize takes one too)."""
+        return next(self._seq)
 
     # --- the flow --------------------------------------------------------------------------
-    async def handle(
-        self, event: Event, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> bytes:
+    def handle(
+        self,
+        event: Event,
+        raw: bytes,
+        metadata: Metadata | None = None,
+        deadline: float | None = None,
+    ) -> Coroutine[Any, Any, Outcome]:
+        """Run one intercepted call. `deadline`: kubelet's, on the time.monotonic() clock.
+        Returns how it ended; raises only CancelledError (kubelet gave up) and bugs. (A
+        plain function returning the flow's own coroutine: no wrapper coroutine per call.)"""
+        outcome = Outcome(event, raw, metadata)
+        if self.on_outcome is None:
+            return self._handle(outcome, deadline)
+        return self._handle_and_tell(outcome, deadline, self.on_outcome)
+
+    async def _handle_and_tell(
+        self, outcome: Outcome, deadline: float | None, tell: Callable[[Outcome], None]
+    ) -> Outcome:
+        outcome.started = time.time()
+        if deadline is not None:
+            outcome.timeout = max(deadline - time.monotonic(), 0.0)
+        outcome.trace = []
+        outcome.observed, token = observe.begin()
+        try:
+            await self._handle(outcome, deadline)
+        except asyncio.CancelledError:
+            outcome.fail(KUBELET, Status(grpc.StatusCode.CANCELLED, "kubelet cancelled the call"))
+            self._tell(tell, outcome)
+            raise
+        finally:
+            observe.end(token)
+        self._tell(tell, outcome)
+        return outcome
+
+    def _tell(self, tell: Callable[[Outcome], None], outcome: Outcome) -> None:
+        if not outcome.seq:
+            outcome.seq = next(self._seq)  # ended before it entered the chain
+        outcome.elapsed = time.time() - outcome.started
+        tell(outcome)
+
+    async def _handle(self, outcome: Outcome, deadline: float | None) -> Outcome:
+        event = outcome.event
+        raw = outcome.received
         if not self.readiness.ready:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, self.readiness.reason)
+            outcome.ready = False
+            return _refused(outcome, grpc.StatusCode.UNAVAILABLE, self.readiness.reason)
         started = time.perf_counter()
-        options = call_options(context)
-        deadline = None if options["timeout"] is None else time.monotonic() + options["timeout"]
         spec = INTERCEPTED[event]
         try:
             request = spec.request.FromString(raw)
         except DecodeError as exc:
-            await _abort(
-                context,
+            return _refused(
+                outcome,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"cannot decode {spec.request.__name__}: {exc}",
             )
         problem = check_wire(event, raw) or check_request(event, request)
         if problem is not None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            return _refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, problem)
         call = _Call(event, request)
         self._views(call)
+        outcome.pod = call.pod
+        outcome.container = call.container
+        trace = outcome.trace
         async with self._locks.hold(call.lock_key), self._gate:
+            outcome.seq = next(self._seq)
             ran: list[str] = []  # hooks whose pre stage ran: told if the call fails
             try:
-                merger, changed = await self._pre(call, deadline, ran)
+                merger, changed = await self._pre(call, deadline, ran, trace)
             except CrihookError as exc:
                 log.warning("%s refused: %s", event.value, exc, extra=call.describe())
-                await self._failed(call, ran, str(exc))
-                await _abort(context, exc.status, f"{exc} ({_who(call)})")
+                await self._failed(call, ran, str(exc), trace)
+                return _refused(outcome, exc.status, f"{exc} ({_who(call)})")
             except BaseException as exc:  # cancelled by kubelet, or a bug: release all the same
-                await self._failed(call, ran, _gone(exc, "before the call was forwarded"))
+                await self._failed(call, ran, _gone(exc, "before the call was forwarded"), trace)
                 raise
             forwarded = request.SerializeToString() if changed else raw
-            if deadline is not None:
-                options["timeout"] = max(deadline - time.monotonic(), 0.0)
+            outcome.forwarded = forwarded
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                response_raw: bytes = await self._forward[event](forwarded, **options)
-            except grpc.aio.AioRpcError as err:
-                code = err.code()
+                response_raw = await self._forward[event](
+                    forwarded, timeout=timeout, metadata=outcome.metadata
+                )
+            except RuntimeCallFailed as err:
+                code = err.status.code
                 log.info(
                     "%s failed in the runtime: %s", event.value, code.name, extra=call.describe()
                 )
                 if code in _UNKNOWN_OUTCOME:
                     self._outcome_unknown(call)
                 else:
-                    failure = f"the runtime answered {code.name}: {err.details()}"
-                    await self._failed(call, ran, failure)
-                await abort_with(context, err)
+                    failure = f"the runtime answered {code.name}: {err.status.details}"
+                    await self._failed(call, ran, failure, trace)
+                return outcome.fail(RUNTIME, err.status)
             except BaseException:
                 # kubelet gave up while the runtime was acting: it may have done it or not.
                 self._outcome_unknown(call)
                 raise
+            outcome.response = response_raw
             response = spec.response.FromString(response_raw)
             self._update_store(call, response, merger)
             if merger is not None and merger.unapplied:
-                await self._not_applied(call, merger.unapplied)
+                await self._not_applied(call, merger.unapplied, trace)
             try:
-                await self._post(call, response, merger, deadline, ran)
+                await self._post(call, response, merger, deadline, ran, outcome)
             except HookRejected as exc:  # a sandbox a hook cannot set up: undone, then failed
                 await self._undo_sandbox(call, response.pod_sandbox_id)  # type: ignore[attr-defined]
-                await self._failed(call, ran, str(exc))
+                await self._failed(call, ran, str(exc), trace)
                 self.store.write_behind()
-                await _abort(context, exc.status, f"{exc} ({_who(call)})")
+                return _refused(outcome, exc.status, f"{exc} ({_who(call)})")
             # After the runtime acted a write failure never turns its success into an error:
             # the store keeps it in memory and retries in the background.
             self.store.write_behind()
@@ -274,16 +329,20 @@ class Pipeline:
                     "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
                 },
             )
-        return response_raw
+        return outcome
 
-    async def _failed(self, call: _Call, ran: list[str], failure: str) -> None:
+    async def _failed(
+        self, call: _Call, ran: list[str], failure: str, trace: list[Any] | None = None
+    ) -> None:
         """Tell every hook whose pre stage ran that the call failed, so nothing stays
         allocated for it. Runs to its end even if kubelet's call is cancelled meanwhile:
         the pod lock is still held, so a retry cannot overtake the release."""
         if not ran:
             return
         task = asyncio.ensure_future(
-            self.chain.run_failed(call.event, ran, call.pod, call.container, call.request, failure)
+            self.chain.run_failed(
+                call.event, ran, call.pod, call.container, call.request, failure, trace
+            )
         )
         cancelled = False
         while not task.done():
@@ -296,11 +355,13 @@ class Pipeline:
         if self.store.hook_states_dirty:
             self.store.write_behind()
 
-    async def _not_applied(self, call: _Call, unapplied: dict[str, str]) -> None:
+    async def _not_applied(
+        self, call: _Call, unapplied: dict[str, str], trace: list[Any] | None
+    ) -> None:
         """Hooks whose adjustment was not applied (dry-run, an ignored failure) release what
         they took, as for a failed call."""
         for name, why in unapplied.items():
-            await self._failed(call, [name], why)
+            await self._failed(call, [name], why, trace)
 
     async def _undo_sandbox(self, call: _Call, sandbox_id: str) -> None:
         """A hook refused the sandbox the runtime just made (its post stage could not set it
@@ -309,14 +370,14 @@ class Pipeline:
             request = getattr(api_pb2, f"{method}Request")(pod_sandbox_id=sandbox_id)
             try:
                 await self._undo[method](request.SerializeToString(), timeout=_UNDO_TIMEOUT)
-            except grpc.aio.AioRpcError as err:
+            except RuntimeCallFailed as err:
                 # Left to kubelet's garbage collection, which lists what the runtime has.
                 log.error(
                     "undoing sandbox %s: %s failed: %s: %s",
                     sandbox_id[:12],
                     method,
-                    err.code().name,
-                    err.details(),
+                    err.status.code.name,
+                    err.status.details,
                     extra=call.describe(),
                 )
         self.store.remove_pod(sandbox_id)
@@ -362,7 +423,7 @@ class Pipeline:
                 call.pod = call.pod_record.view
 
     async def _pre(
-        self, call: _Call, deadline: float | None, ran: list[str]
+        self, call: _Call, deadline: float | None, ran: list[str], trace: list[Any] | None
     ) -> tuple[Merger | None, bool]:
         """Hints, placement and the pre stage. The merger (None when no hook ran) and
         whether the request changed. What the hooks reserved is on disk before this
@@ -383,7 +444,7 @@ class Pipeline:
         validate = chain.wants(call.event, Stage.VALIDATE, exempt)
         if not (validate or required or chain.wants(call.event, Stage.PRE, exempt)):
             return None, changed
-        affinity = await self._place(call, deadline, exempt)
+        affinity = await self._place(call, deadline, exempt, trace)
         dry_run = chain.settings.dry_run
         # Global dry-run: every hook runs on a copy; the log shows what the chain would do,
         # the runtime and the store get what kubelet sent.
@@ -403,9 +464,10 @@ class Pipeline:
                 exempt=exempt,
                 affinity=affinity,
                 ran=ran,
+                trace=trace,
             )
         if validate or required:
-            await self._validate(call, target, merger, deadline, exempt, dry_run)
+            await self._validate(call, target, merger, deadline, exempt, dry_run, trace)
         if changes.last:
             await self.store.write_ahead(changes.last)  # on disk before the runtime acts
         if dry_run:
@@ -420,19 +482,29 @@ class Pipeline:
         deadline: float | None,
         exempt: bool,
         dry_run: bool,
+        trace: list[Any] | None,
     ) -> None:
         """Validators see the request as it would be forwarded and who set what; a refusal
         fails the call before anything reaches the runtime (in dry-run it is logged)."""
         try:
             await self.chain.run_validate(
-                call.event, call.pod, call.container, request, merger, deadline, exempt=exempt
+                call.event,
+                call.pod,
+                call.container,
+                request,
+                merger,
+                deadline,
+                exempt=exempt,
+                trace=trace,
             )
         except HookRejected as exc:
             if not dry_run:
                 raise
             log.info("dry-run: %s would refuse the call", exc, extra=call.describe())
 
-    async def _place(self, call: _Call, deadline: float | None, exempt: bool) -> Any:
+    async def _place(
+        self, call: _Call, deadline: float | None, exempt: bool, trace: list[Any] | None
+    ) -> Any:
         """The NUMA placement the topology policy picks from every hook's hints, or None."""
         if (
             self.placement.policy == "none"
@@ -441,7 +513,13 @@ class Pipeline:
         ):
             return None  # no alignment asked: hints would change nothing
         offered = await self.chain.run_hints(
-            call.event, call.pod, call.container, call.request, deadline, exempt=exempt
+            call.event,
+            call.pod,
+            call.container,
+            call.request,
+            deadline,
+            exempt=exempt,
+            trace=trace,
         )
         return self.placement.choose(offered)
 
@@ -509,10 +587,12 @@ class Pipeline:
         pre: Merger | None,
         deadline: float | None,
         ran: list[str],
+        outcome: Outcome,
     ) -> None:
-        """The post stage and the updates. Raises HookRejected when a hook refuses a sandbox
-        the runtime made (post-RunPodSandbox: setting it up failed); `ran` then names the
-        hooks to tell. Any other post-stage failure is reported, never undone."""
+        """The post stage and the updates (noted in `outcome`). Raises HookRejected when a
+        hook refuses a sandbox the runtime made (post-RunPodSandbox: setting it up failed);
+        `ran` then names the hooks to tell. Any other post-stage failure is reported, never
+        undone."""
         updates = list(pre.updates) if pre else []
         exempt = self.chain.exempt(call.pod)
         if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
@@ -527,6 +607,7 @@ class Pipeline:
                     deadline,
                     exempt=exempt,
                     ran=ran,
+                    trace=outcome.trace,
                 )
                 updates.extend(post.updates)
             except HookRejected:
@@ -537,7 +618,7 @@ class Pipeline:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
         if updates and not self.chain.settings.dry_run:
-            await self.updater.send(updates, call.describe())
+            outcome.updates = await self.updater.send(updates, call.describe())
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
@@ -574,8 +655,6 @@ def _who(call: _Call) -> str:
     return pod
 
 
-async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str
-) -> NoReturn:
-    await context.abort(code, f"crihook: {message}")
-    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+def _refused(outcome: Outcome, code: grpc.StatusCode, message: str) -> Outcome:
+    """crihook ends the call itself (the runtime never saw it, or its answer is undone)."""
+    return outcome.fail(CRIHOOK, Status(code, f"crihook: {message}"))

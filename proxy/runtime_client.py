@@ -17,8 +17,15 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.errors import RuntimeUnavailable
 from crihook.proxy.methods import method_path
+from crihook.proxy.outcome import (
+    Metadata,
+    RuntimeCallFailed,
+    Status,
+    UnaryCall,
+    clean_metadata,
+)
 
-__all__ = ["CHANNEL_OPTIONS", "RuntimeClient"]
+__all__ = ["CHANNEL_OPTIONS", "RuntimeClient", "status_of"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,22 @@ class RuntimeClient:
 
     def unary(self, path: str, image_service: bool = False) -> grpc.aio.UnaryUnaryMultiCallable:
         return self._channel(image_service).unary_unary(path, _registered_method=True)
+
+    def call(self, path: str) -> UnaryCall:
+        """A unary runtime call for the pipeline core (`outcome.Runtime`): the runtime's
+        error status comes as RuntimeCallFailed, not as a grpc exception."""
+        multicallable = self.unary(path)
+
+        async def call(
+            request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
+        ) -> bytes:
+            try:
+                answer: bytes = await multicallable(request, timeout=timeout, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                raise RuntimeCallFailed(status_of(err)) from err
+            return answer
+
+        return call
 
     def unary_stream(
         self, path: str, image_service: bool = False
@@ -101,3 +124,8 @@ class RuntimeClient:
         await self._runtime.close(grace)
         if self._image is not self._runtime:
             await self._image.close(grace)
+
+
+def status_of(err: grpc.aio.AioRpcError) -> Status:
+    """The runtime's status, message and trailers (grpc's own reserved keys left out)."""
+    return Status(err.code(), err.details() or "", clean_metadata(err.trailing_metadata()) or ())

@@ -1,23 +1,29 @@
 """The kubelet-facing gRPC server: a table from method to handler.
 
-Intercepted methods go to the pipeline; every other known method is forwarded as raw bytes
-(unary or server-streaming); a method crihook does not know (a newer kubelet) is caught by a
-generic handler and forwarded too, never answered UNIMPLEMENTED by crihook itself.
+Intercepted methods go to the pipeline core, through `intercepted_handler`, the thin adapter
+that hands it kubelet's bytes, metadata and deadline and turns its outcome into the answer or
+the status; every other known method is forwarded as raw bytes (unary or server-streaming); a
+method crihook does not know (a newer kubelet) is caught by a generic handler and forwarded
+too, never answered UNIMPLEMENTED by crihook itself.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import grpc
 import grpc.aio
 
+from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
 from crihook.proxy.passthrough import (
     Observer,
+    PassthroughRecord,
     Readiness,
+    call_options,
     stream_stream_handler,
     unary_handler,
     unary_stream_handler,
@@ -25,7 +31,7 @@ from crihook.proxy.passthrough import (
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.runtime_client import RuntimeClient
 
-__all__ = ["MAX_CONCURRENT_STREAMS", "build_server", "server_options"]
+__all__ = ["MAX_CONCURRENT_STREAMS", "build_server", "intercepted_handler", "server_options"]
 
 MAX_CONCURRENT_STREAMS = 1000
 """Calls one kubelet connection may have open at once. kubelet keeps far fewer in flight
@@ -46,6 +52,24 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
         ("grpc.so_reuseport", 0),
     ]
+
+
+def intercepted_handler(pipeline: Pipeline, event: Event) -> grpc.RpcMethodHandler:
+    """The gRPC face of the pipeline core for one intercepted method."""
+    handle = pipeline.handle
+
+    async def rpc(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        options = call_options(context)
+        timeout = options["timeout"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = await handle(event, raw, options["metadata"], deadline)
+        status = outcome.status
+        if status is not None:
+            await context.abort(status.code, status.details, status.trailers)
+        response: bytes = outcome.response  # type: ignore[assignment]  # set on success
+        return response
+
+    return grpc.unary_unary_rpc_method_handler(rpc)
 
 
 class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
@@ -72,23 +96,26 @@ def build_server(
     readiness: Readiness,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     observers: Mapping[str, Observer] | None = None,
+    recorder: Any = None,
 ) -> grpc.aio.Server:
     """`observers`: method name (`RestorePod`) → told the runtime's answer to a forwarded
-    call that succeeded; the bytes pass unchanged."""
+    call that succeeded; the bytes pass unchanged. `recorder` (`--record-all`): its
+    `passthrough` is told every unary call forwarded as bytes."""
+    record: PassthroughRecord | None = recorder.passthrough if recorder is not None else None
     server = grpc.aio.server(options=server_options(max_message_bytes))
     intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in known_methods():
         image = method.is_image_service
         if method.path in intercepted:
-            handler = pipeline.handler(intercepted[method.path])
+            handler = intercepted_handler(pipeline, intercepted[method.path])
         elif method.client_streaming:
             handler = stream_stream_handler(runtime, method.path, image, readiness)
         elif method.server_streaming:
             handler = unary_stream_handler(runtime, method.path, image, readiness)
         else:
             observer = (observers or {}).get(method.name)
-            handler = unary_handler(runtime, method.path, image, readiness, observer)
+            handler = unary_handler(runtime, method.path, image, readiness, observer, record)
         by_service.setdefault(method.service, {})[method.name] = handler
     for service, handlers in by_service.items():
         server.add_registered_method_handlers(service, handlers)

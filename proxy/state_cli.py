@@ -66,6 +66,7 @@ def render_state(doc: dict[str, Any]) -> str:
             f"runtime={status.get('runtime')}  dry_run={status.get('dry_run')}"
         )
         lines += _store_health(status.get("store") or {})
+        lines += _recording(status.get("recording"))
         for hook in status.get("hooks", []):
             counters = " ".join(f"{k}={v}" for k, v in sorted(hook.get("counters", {}).items()))
             connected = hook["connected"] and down is None
@@ -114,6 +115,21 @@ def _store_health(store: dict[str, Any]) -> list[str]:
             f"(last: {store.get('last_error')})"
         ]
     return []
+
+
+def _recording(recording: dict[str, Any] | None) -> list[str]:
+    """A line when crihook records (`--record`): where, how much, and what it lost."""
+    if not recording:
+        return []
+    line = (
+        f"  recording to {recording['file']}: {recording['lines']} lines, "
+        f"{recording['bytes']} bytes, {recording['dropped']} lost"
+    )
+    if recording.get("failing_since"):
+        line += f"; FAILING: {recording.get('last_error')}"
+    elif recording.get("write_failures"):
+        line += f" (last failure: {recording.get('last_error')})"
+    return [line]
 
 
 def _owners(audit: dict[str, Any], indent: str) -> list[str]:

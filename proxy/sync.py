@@ -15,25 +15,34 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Host, Topology
-from crihook.hooks.spec import ContainerState, PodView, SyncContext
+from crihook.hooks.node import Host, HostFiles, Topology
+from crihook.hooks.spec import ContainerState, ContainerView, PodView, RuntimeQueries, SyncContext
 from crihook.hooks.spec.views import container_state, resources_view
+from crihook.proxy import observe
 from crihook.proxy.chain import Chain
 from crihook.proxy.merge import stamp
 from crihook.proxy.methods import method_path
+from crihook.proxy.outcome import SentUpdate
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
 
-__all__ = ["RuntimeView", "Synchronizer", "netns_from_verbose_info"]
+__all__ = [
+    "RuntimeView",
+    "SyncQueries",
+    "SyncReport",
+    "Synchronizer",
+    "netns_from_verbose_info",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,27 @@ Found = tuple[list[PodRecord], list[ContainerRecord]]
 RECONCILE_DELAY_SECONDS = 1.0
 """After a call with an unknown outcome: the runtime may need a moment to come back."""
 _QUERY_TIMEOUT = 10.0
+
+
+class SyncQueries(RuntimeQueries, Protocol):
+    """What the synchronizer asks the runtime, besides what hooks may ask it."""
+
+    async def all_container_states(self) -> dict[str, ContainerState]: ...
+
+    async def resources(self, container_id: str) -> api_pb2.LinuxContainerResources | None: ...
+
+
+class SyncReport(NamedTuple):
+    """One synchronize of every hook: what they were given and the repairs sent (recorded)."""
+
+    reason: str
+    pods: Sequence[PodView]
+    containers: Sequence[ContainerView]
+    container_states: Mapping[str, ContainerState]
+    hook_states: Mapping[str, Any]
+    """Each hook's state as it was handed over (a copy)."""
+    updates: Sequence[SentUpdate]
+    observed: Sequence[observe.Observation]
 
 
 class RuntimeView:
@@ -101,13 +131,14 @@ class Synchronizer:
         self,
         chain: Chain,
         store: Store,
-        runtime: RuntimeView,
-        runtime_client: RuntimeClient,
+        runtime: SyncQueries,
+        runtime_client: RuntimeClient | None,
         updater: ContainerUpdater,
         node: Topology,
         host: Host,
         topology_policy: str = "none",
         topology_scope: str = "container",
+        files: HostFiles | None = None,
     ) -> None:
         self.chain = chain
         self.topology_policy = topology_policy
@@ -118,6 +149,9 @@ class Synchronizer:
         self.updater = updater
         self.node = node
         self.host = host
+        self.files = files
+        self.on_sync: Callable[[SyncReport], None] | None = None
+        """Told every synchronize (recording)."""
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.failures = 0
@@ -146,6 +180,33 @@ class Synchronizer:
         counted (it keeps serving: its failure policy applies to calls, not to this)."""
         states = await self.runtime.all_container_states()
         pods, containers = self.store.snapshot()
+        report = self.on_sync
+        hook_states: dict[str, Any] = {}
+        if report is not None:
+            for entry in self.chain.entries:
+                copied = json.dumps(self.store.hook_state(entry.base_name).to_dict())
+                hook_states[entry.base_name] = json.loads(copied)
+        observed, token = observe.begin() if report is not None else ([], None)
+        try:
+            pending = await self._synchronize_hooks(reason, states, pods, containers)
+        finally:
+            if token is not None:
+                observe.end(token)
+        self.store.write_behind()
+        sent: list[SentUpdate] = []
+        if pending:
+            log.info("synchronize (%s): %d repair update(s)", reason, len(pending))
+            sent = await self.updater.send(pending, {"method": f"synchronize ({reason})"})
+        if report is not None:
+            report(SyncReport(reason, pods, containers, states, hook_states, sent, observed))
+
+    async def _synchronize_hooks(
+        self,
+        reason: str,
+        states: Mapping[str, ContainerState],
+        pods: Sequence[PodView],
+        containers: Sequence[ContainerView],
+    ) -> list[Any]:
         pending = []
         for entry in list(self.chain.entries):
             sync = SyncContext(
@@ -159,6 +220,7 @@ class Synchronizer:
                 reason=reason,
                 topology_policy=self.topology_policy,
                 topology_scope=self.topology_scope,
+                files=self.files,
             )
             try:
                 async with asyncio.timeout(SYNC_TIMEOUT_SECONDS):
@@ -175,10 +237,7 @@ class Synchronizer:
                 )
                 continue
             pending.extend(stamp(entry.name, self.chain.permitted_updates(entry.name, updates)))
-        self.store.write_behind()
-        if pending:
-            log.info("synchronize (%s): %d repair update(s)", reason, len(pending))
-            await self.updater.send(pending, {"method": f"synchronize ({reason})"})
+        return pending
 
     def reconcile_soon(self, pod: PodView) -> None:
         """After a call with an unknown outcome for `pod`: learn what the runtime kept, then
@@ -186,7 +245,7 @@ class Synchronizer:
         label = f"pod {pod.namespace}/{pod.name}"
 
         async def find() -> Found:
-            if not pod.uid:
+            if not pod.uid or self._runtime_client is None:
                 return [], []
             return await self.store.reconcile_pod(self._runtime_client, pod.uid)
 
@@ -198,6 +257,8 @@ class Synchronizer:
         and count them."""
 
         async def find() -> Found:
+            if self._runtime_client is None:
+                return [], []
             return await self.store.reconcile_sandbox(self._runtime_client, sandbox_id)
 
         label = f"restored sandbox {sandbox_id[:12]}"

@@ -22,15 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import grpc
-import grpc.aio
-
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
 from crihook.hooks.spec.views import resources_view
 from crihook.proxy.merge import PendingUpdate
 from crihook.proxy.methods import method_path
-from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
 from crihook.proxy.store import Store
 
 __all__ = ["ContainerUpdater", "build_update_request"]
@@ -50,20 +47,26 @@ class _Target:
 
 
 class ContainerUpdater:
-    def __init__(self, runtime: RuntimeClient, store: Store) -> None:
-        self._update = runtime.unary(_UPDATE_PATH)
+    def __init__(self, runtime: Runtime, store: Store) -> None:
+        self._update = runtime.call(_UPDATE_PATH)
         self._store = store
         self._targets: dict[str, _Target] = {}
         self._slots = asyncio.Semaphore(MAX_PARALLEL)
         self.failures = 0
 
-    async def send(self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]) -> None:
-        """Send every update (the newest per container and field); returns when all were
-        answered. `extra`: the log fields of the call that produced them."""
+    async def send(
+        self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]
+    ) -> list[SentUpdate]:
+        """Send every update (the newest per container and field); returns, once all were
+        answered, what was sent, by container id. `extra`: the log fields of the call that
+        produced them."""
         by_target: dict[str, list[PendingUpdate]] = {}
         for pending in updates:
             by_target.setdefault(pending.update.container_id, []).append(pending)
-        await asyncio.gather(*(self._send_one(cid, todo, extra) for cid, todo in by_target.items()))
+        sent = await asyncio.gather(
+            *(self._send_one(cid, todo, extra) for cid, todo in sorted(by_target.items()))
+        )
+        return [update for update in sent if update is not None]
 
     def forget(self, container_id: str) -> None:
         """The container is gone: drop its ordering record."""
@@ -71,7 +74,7 @@ class ContainerUpdater:
 
     async def _send_one(
         self, container_id: str, todo: list[PendingUpdate], extra: Mapping[str, str]
-    ) -> None:
+    ) -> SentUpdate | None:
         target = self._targets.setdefault(container_id, _Target(asyncio.Lock(), {}))
         async with target.lock, self._slots:
             fields: dict[str, tuple[Any, int, str]] = {}  # field → (value, seq, hook)
@@ -80,36 +83,39 @@ class ContainerUpdater:
                     if seq > target.applied.get(name, 0):
                         fields[name] = (value, seq, hook)
             if not fields:
-                return  # everything here was overtaken by newer updates
+                return None  # everything here was overtaken by newer updates
             delta = ResourceDelta(**{name: value for name, (value, _, _) in fields.items()})
             hooks = sorted({hook for _, _, hook in fields.values()})
             record = self._store.container(container_id)
             request = build_update_request(
                 ContainerUpdate(container_id, delta), record.view if record else None
             )
+            changed = {name: value for name, (value, _, _) in fields.items()}
             try:
                 await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
-            except grpc.aio.AioRpcError as err:
-                self._failed(container_id, hooks, delta, err, extra)
-                return
+            except RuntimeCallFailed as err:
+                self._failed(container_id, hooks, delta, err.status, extra)
+                return SentUpdate(container_id, _sent(request), changed, hooks, err.status)
             for name, (_, seq, _) in fields.items():
                 target.applied[name] = seq
+            sent = SentUpdate(container_id, _sent(request), changed, hooks, None)
             record = self._store.container(container_id)  # it may have changed meanwhile
             if record is None:
-                return
+                return sent
             res = resources_view(request.linux, record.view.resources.qos_class)
             record.view = replace(record.view, resources=res)
             now = time.time()
             for name, (value, _, hook) in fields.items():
                 record.audit[name] = {"hook": hook, "value": value, "event": "update", "at": now}
             self._store.put_container(record)
+            return sent
 
     def _failed(
         self,
         container_id: str,
         hooks: list[str],
         delta: ResourceDelta,
-        err: grpc.aio.AioRpcError,
+        status: Status,
         extra: Mapping[str, str],
     ) -> None:
         self.failures += 1
@@ -117,8 +123,8 @@ class ContainerUpdater:
             "update of container %s for hook %s failed: %s: %s",
             container_id[:12],
             ", ".join(hooks),
-            err.code().name,
-            err.details(),
+            status.code.name,
+            status.details,
             extra=dict(extra),
         )
         record = self._store.container(container_id)
@@ -127,13 +133,19 @@ class ContainerUpdater:
         record.update_errors.append(
             {
                 "hook": ", ".join(hooks),
-                "code": err.code().name,
-                "details": err.details(),
+                "code": status.code.name,
+                "details": status.details,
                 "at": time.time(),
                 "resources": dict(delta.items()),
             }
         )
         self._store.put_container(record)
+
+
+def _sent(request: api_pb2.UpdateContainerResourcesRequest) -> dict[str, Any]:
+    """The resources an update request carries, by field name (what the runtime was sent)."""
+    linux = request.linux
+    return {field.name: value for field, value in linux.ListFields()}
 
 
 def build_update_request(

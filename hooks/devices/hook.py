@@ -70,12 +70,15 @@ class DevicesHook(Hook):
         super().__init__(options)
         self.policy: DevicePolicy = parse_policy(self.options)
         self.files: HostFiles = files if files is not None else LinuxFiles()
+        self._own_files = files is not None
         self._book: PoolBook | None = None
         self._numa_nodes: tuple[int, ...] = ()
         self._pooled = PooledIndex()
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
+        if sync.files is not None and not self._own_files:
+            self.files = sync.files  # crihook's seam: recorded, or answered by a replay
         if self._book is None:
             book = PoolBook(self.policy.pools, sync.state)
             dropped = book.load()

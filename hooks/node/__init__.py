@@ -1,16 +1,20 @@
-"""The node as hooks see it: CPU/NUMA topology (read once from sysfs), cpulists, and the
-host's processes behind the :class:`Host` seam.
+"""The node as hooks see it: CPU/NUMA topology (read once from sysfs), cpulists, the host's
+processes behind the :class:`Host` seam and its files behind the :class:`HostFiles` seam.
 
     from crihook.hooks.node import Topology, parse_cpu_list, format_cpu_list, LinuxHost
 """
 
 from crihook.hooks.node.cpulist import format_cpu_list, parse_cpu_list
+from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles
 from crihook.hooks.node.host import Host, LinuxHost, expand_slice
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
 __all__ = [
     "CPUInfo",
+    "DeviceNode",
     "Host",
+    "HostFiles",
+    "LinuxFiles",
     "LinuxHost",
     "NUMAMemory",
     "Topology",

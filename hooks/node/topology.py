@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["CPUInfo", "NUMAMemory", "Topology", "TopologyError"]
 
@@ -81,6 +82,44 @@ class Topology:
         from crihook.hooks.node.sysfs import read_topology
 
         return read_topology(root)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON (a recording's node facts): `from_dict` gives the same Topology back."""
+        return {
+            "cpus": [[c.id, c.socket, c.die, c.core, c.numa, c.l3] for c in self.cpus.values()],
+            "cpu_fields": ["id", "socket", "die", "core", "numa", "l3"],
+            "memory": [
+                {
+                    "node": m.node,
+                    "total_bytes": m.total_bytes,
+                    "hugepages_kb": {str(k): v for k, v in m.hugepages.items()},
+                }
+                for m in self.memory.values()
+            ],
+            "offline": sorted(self.offline),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Topology:
+        """The Topology `to_dict` wrote; TopologyError when the document is not one."""
+        try:
+            cpus = [CPUInfo(*(int(v) for v in row)) for row in doc["cpus"]]
+            memory = [
+                NUMAMemory(
+                    int(m["node"]),
+                    int(m["total_bytes"]),
+                    MappingProxyType(
+                        {int(k): int(v) for k, v in dict(m.get("hugepages_kb", {})).items()}
+                    ),
+                )
+                for m in doc.get("memory", [])
+            ]
+            offline = [int(c) for c in doc.get("offline", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TopologyError(f"not a topology document: {exc!r}") from None
+        if not cpus:
+            raise TopologyError("not a topology document: no cpus")
+        return cls.build(cpus, memory, offline)
 
     @property
     def online(self) -> frozenset[int]:

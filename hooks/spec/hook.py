@@ -38,6 +38,7 @@ from crihook.hooks.spec.hints import ResourceHints, TopologyHint
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
 if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the spec
+    from crihook.hooks.node.files import HostFiles
     from crihook.hooks.node.host import Host
     from crihook.hooks.node.topology import Topology
 
@@ -95,6 +96,9 @@ class SyncContext:
     """The node's topology policy (`[node] topology_policy`)."""
     topology_scope: str = "container"
     """`container`, or `pod`: pods with pod-level resources get one NUMA-aligned bubble."""
+    files: HostFiles | None = None
+    """The host's files (where a path leads, which device node is there), for hooks that
+    check paths on the call path; None: the hook uses the real host's."""
 
 
 class HookContext:

@@ -14,6 +14,7 @@ from crihook.proxy.config import (
     ChainSettings,
     HookSettings,
     NodeSettings,
+    RecordSettings,
     RuntimeSettings,
     ServerSettings,
     Settings,
@@ -170,6 +171,30 @@ VALID_TOP = [
         {"node": {"sysfs_root": "/fixtures/sys", "topology_policy": "restricted"}},
         "node",
         NodeSettings(sysfs_root=Path("/fixtures/sys"), topology_policy="restricted"),
+    ),
+    (
+        "record",
+        {
+            "record": {
+                "file": "/var/lib/crihook/record.jsonl",
+                "all": True,
+                "secrets": True,
+                "max_bytes": 8 * 1024 * 1024,
+                "keep": 5,
+                "redact_annotations": ["*pin*"],
+                "redact_values": ["sk-*"],
+            }
+        },
+        "record",
+        RecordSettings(
+            file=Path("/var/lib/crihook/record.jsonl"),
+            all=True,
+            secrets=True,
+            max_bytes=8 * 1024 * 1024,
+            keep=5,
+            redact_annotations=("*pin*",),
+            redact_values=("sk-*",),
+        ),
     ),
 ]
 
@@ -462,6 +487,45 @@ def test_invalid_node_settings_name_the_setting(table: dict[str, Any], setting: 
     with pytest.raises(ConfigError) as info:
         settings_from_toml({"node": table})
     assert info.value.setting == setting
+
+
+@pytest.mark.parametrize(
+    ("table", "setting"),
+    [
+        ({"file": "rec.jsonl"}, "[record] file"),
+        ({"all": "yes"}, "[record] all"),
+        ({"secrets": 1}, "[record] secrets"),
+        ({"max_bytes": 1000}, "[record] max_bytes"),
+        ({"keep": 0}, "[record] keep"),
+        ({"redact_annotations": "*pw*"}, "[record] redact_annotations"),
+        ({"redact_values": [1]}, "[record] redact_values"),
+        ({"path": "/x"}, "[record] path"),
+    ],
+    ids=[
+        "relative-file",
+        "all",
+        "secrets",
+        "tiny-max",
+        "keep-none",
+        "name-patterns",
+        "value-patterns",
+        "unknown-key",
+    ],
+)
+def test_invalid_record_settings_name_the_setting(table: dict[str, Any], setting: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_toml({"record": table})
+    assert info.value.setting == setting
+
+
+def test_record_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = apply_flags(
+        Settings(), {"record": "calls.jsonl", "record_all": True, "record_secrets": True}
+    )
+    assert settings.record.file == tmp_path / "calls.jsonl"  # relative to where crihook runs
+    assert settings.record.all and settings.record.secrets
+    assert apply_flags(Settings(), {}).record == RecordSettings()
 
 
 def test_sysfs_root_flag() -> None:

@@ -68,3 +68,24 @@ def test_json_says_whether_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture
     (tmp_path / "status.json").write_text(json.dumps(status(running=False, stopped_at=NOW)))
     assert main(["state", "--state-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["running"] is False
+
+
+RECORDING = {"file": "/var/r.jsonl", "lines": 12, "bytes": 3400, "dropped": 0}
+
+
+@pytest.mark.parametrize(
+    ("recording", "expected"),
+    [
+        (None, None),
+        (RECORDING, "  recording to /var/r.jsonl: 12 lines, 3400 bytes, 0 lost"),
+        (
+            {**RECORDING, "dropped": 3, "failing_since": NOW, "last_error": "/var: full"},
+            "  recording to /var/r.jsonl: 12 lines, 3400 bytes, 3 lost; FAILING: /var: full",
+        ),
+    ],
+    ids=["not-recording", "recording", "failing"],
+)
+def test_the_recording_is_shown(recording: dict[str, object] | None, expected: str | None) -> None:
+    doc = {"status": status(recording=recording), "pods": {}, "containers": {}, "hook_states": {}}
+    shown = [line for line in render_state(doc).splitlines() if "recording" in line]
+    assert shown == ([] if expected is None else [expected])

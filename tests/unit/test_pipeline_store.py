@@ -1,5 +1,6 @@
-"""What the pipeline records for a CreateContainer, in process with a stub runtime: the
-container's view as the runtime got it, whether hooks changed the request or not."""
+"""What the pipeline core keeps in the store for a CreateContainer, in process with a stub
+runtime: the container's view as the runtime got it, whether hooks changed the request or
+not."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class StubRuntime:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
 
-    def unary(self, path: str) -> Any:
+    def call(self, path: str) -> Any:
         async def call(data: bytes, **options: Any) -> bytes:
             self.sent.append(data)
             return api_pb2.CreateContainerResponse(container_id=CONTAINER_ID).SerializeToString()
@@ -54,14 +55,6 @@ HOOKS: dict[str, list[Hook]] = {
 }
 
 
-class Context:
-    def time_remaining(self) -> float:
-        return 60.0
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-
 def create_request() -> api_pb2.CreateContainerRequest:
     pod = burstable_pod("web")
     return api_pb2.CreateContainerRequest(
@@ -72,7 +65,9 @@ def create_request() -> api_pb2.CreateContainerRequest:
 
 
 @pytest.mark.parametrize("hooks", list(HOOKS))
-async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, hooks: str) -> None:
+async def test_the_stored_view_is_the_view_of_what_the_runtime_got(
+    tmp_path: Path, hooks: str
+) -> None:
     store = Store(tmp_path)
     chain = Chain(ChainSettings(), store.hook_state)
     names = [f"{10 * (i + 1)}-h{i}" for i in range(len(HOOKS[hooks]))]
@@ -85,12 +80,15 @@ async def test_the_record_is_the_view_of_what_the_runtime_got(tmp_path: Path, ho
     readiness = Readiness()
     readiness.set(True)
     runtime = StubRuntime()
-    pipeline = Pipeline(runtime, chain, store, readiness)  # type: ignore[arg-type]
+    pipeline = Pipeline(runtime, chain, store, readiness)
     raw = create_request().SerializeToString()
 
-    answer = await pipeline.handle(Event.CREATE_CONTAINER, raw, Context())  # type: ignore[arg-type]
+    outcome = await pipeline.handle(Event.CREATE_CONTAINER, raw)
 
-    assert api_pb2.CreateContainerResponse.FromString(answer).container_id == CONTAINER_ID
+    assert outcome.status is None
+    assert outcome.response is not None
+    assert api_pb2.CreateContainerResponse.FromString(outcome.response).container_id == CONTAINER_ID
+    assert (outcome.forwarded is raw) is (hooks == "no-hooks")
     got = api_pb2.CreateContainerRequest.FromString(runtime.sent[0])
     assert (runtime.sent[0] == raw) is (hooks == "no-hooks")  # unchanged: kubelet's bytes
     pod = pod_view_from_config(got.pod_sandbox_id, got.sandbox_config)

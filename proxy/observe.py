@@ -1,0 +1,185 @@
+"""What hooks ask the node and the runtime, noted per call for recordings.
+
+Hooks learn about the node only through seams crihook hands them in `SyncContext`: the host's
+processes and cgroups (`Host`), its files (`HostFiles`) and the runtime's answers on the call
+path (`RuntimeQueries`). While crihook records, it hands them the wrappers below: each
+question and its answer (or error) is noted in the list of the call (or synchronize) being
+recorded, so a replay can answer the same questions the same way on another machine.
+
+    observed, token = begin()        # the call's list, for this task and its threads
+    ... hooks run; ObservedHost/ObservedFiles/ObservedQueries append Observations ...
+    end(token)
+
+Answers are kept as JSON values: pids and scores as ints, container states by their value,
+device nodes as `[kind, major, minor]`; an error as `{"type", "errno"/"code", "message"}`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import grpc.aio
+
+from crihook.hooks.node import DeviceNode, Host, HostFiles
+from crihook.hooks.spec import ContainerState, RuntimeQueries
+
+__all__ = [
+    "EFFECTS",
+    "Observation",
+    "ObservedFiles",
+    "ObservedHost",
+    "ObservedQueries",
+    "begin",
+    "end",
+    "error_doc",
+]
+
+_T = TypeVar("_T")
+
+EFFECTS = frozenset({"write_oom_score_adj", "unlimit_cpu_quota"})
+"""Operations that change the host (compared by a replay, not only answered)."""
+
+
+class Observation(NamedTuple):
+    seam: str
+    """`host`, `files` or `runtime`."""
+    op: str
+    args: list[Any]
+    result: Any
+    error: dict[str, Any] | None
+
+
+_CURRENT: contextvars.ContextVar[list[Observation] | None] = contextvars.ContextVar(
+    "crihook_observed", default=None
+)
+
+
+def begin() -> tuple[list[Observation], contextvars.Token[list[Observation] | None]]:
+    """Start noting observations for the current task (and threads it starts with
+    asyncio.to_thread, which copy the context)."""
+    observed: list[Observation] = []
+    return observed, _CURRENT.set(observed)
+
+
+def end(token: contextvars.Token[list[Observation] | None]) -> None:
+    _CURRENT.reset(token)
+
+
+def error_doc(exc: BaseException) -> dict[str, Any]:
+    """An error a seam raised, as a recording keeps it."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return {"type": "rpc", "code": exc.code().name, "message": exc.details() or ""}
+    doc: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        doc["errno"] = exc.errno
+    return doc
+
+
+def _note(seam: str, op: str, args: list[Any], call: Callable[[], _T], render: Any = None) -> _T:
+    observed = _CURRENT.get()
+    if observed is None:
+        return call()
+    try:
+        result = call()
+    except Exception as exc:
+        observed.append(Observation(seam, op, args, None, error_doc(exc)))
+        raise
+    observed.append(Observation(seam, op, args, render(result) if render else result, None))
+    return result
+
+
+async def _note_async(
+    seam: str, op: str, args: list[Any], call: Callable[[], Awaitable[_T]], render: Any
+) -> _T:
+    observed = _CURRENT.get()
+    if observed is None:
+        return await call()
+    try:
+        result = await call()
+    except Exception as exc:
+        observed.append(Observation(seam, op, args, None, error_doc(exc)))
+        raise
+    observed.append(Observation(seam, op, args, render(result), None))
+    return result
+
+
+def _device(node: DeviceNode | None) -> list[Any] | None:
+    return None if node is None else [node.kind, node.major, node.minor]
+
+
+def _states(states: Mapping[str, ContainerState]) -> dict[str, str]:
+    return {cid: state.value for cid, state in states.items()}
+
+
+class ObservedHost:
+    """A `Host` whose every question and change is noted."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def container_pids(self, cgroup_parent: str, container_id: str) -> list[int]:
+        return _note(
+            "host",
+            "container_pids",
+            [cgroup_parent, container_id],
+            lambda: self.host.container_pids(cgroup_parent, container_id),
+        )
+
+    def write_oom_score_adj(self, pid: int, score: int) -> None:
+        _note(
+            "host",
+            "write_oom_score_adj",
+            [pid, score],
+            lambda: self.host.write_oom_score_adj(pid, score),
+        )
+
+    def read_oom_score_adj(self, pid: int) -> int:
+        return _note("host", "read_oom_score_adj", [pid], lambda: self.host.read_oom_score_adj(pid))
+
+    def unlimit_cpu_quota(self, cgroup_parent: str) -> bool:
+        return _note(
+            "host",
+            "unlimit_cpu_quota",
+            [cgroup_parent],
+            lambda: self.host.unlimit_cpu_quota(cgroup_parent),
+        )
+
+
+class ObservedFiles:
+    """A `HostFiles` whose every answer is noted."""
+
+    def __init__(self, files: HostFiles) -> None:
+        self.files = files
+
+    def resolve(self, path: str) -> str:
+        return _note("files", "resolve", [path], lambda: self.files.resolve(path))
+
+    def device(self, path: str) -> DeviceNode | None:
+        return _note("files", "device", [path], lambda: self.files.device(path), _device)
+
+
+class ObservedQueries:
+    """`RuntimeQueries` whose answers are noted; whatever else the wrapped object offers
+    (what crihook itself asks at a synchronize) passes through unobserved."""
+
+    def __init__(self, queries: RuntimeQueries) -> None:
+        self.queries = queries
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queries, name)
+
+    async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
+        return await _note_async(
+            "runtime",
+            "container_states",
+            [pod_id],
+            lambda: self.queries.container_states(pod_id),
+            _states,
+        )
+
+    async def sandbox_netns(self, pod_id: str) -> str | None:
+        return await _note_async(
+            "runtime", "sandbox_netns", [pod_id], lambda: self.queries.sandbox_netns(pod_id), None
+        )

@@ -1,0 +1,343 @@
+"""The lines of a recording (`crihook serve --record FILE`), one JSON object each.
+
+    {"kind": "header", "format": 1, "crihook": "0.1.0", "config": {...}, "node": {...}}
+    {"kind": "sync", "seq": 1, "reason": "start", "pods": [...], "containers": [...],
+     "container_states": {...}, "hook_states": {...}, "updates": [...], "observed": [...]}
+    {"kind": "call", "seq": 2, "time": ..., "method": "CreateContainer", "pod": "ns/name",
+     "container": "app", "request": {"b64": ..., "json": {...}}, "forwarded": "unchanged",
+     "response": {...}, "status": null, "hooks": [...], "updates": [...], "observed": [...]}
+    {"kind": "snapshot", ...}      after a rotation: the state the next calls start from
+    {"kind": "passthrough", ...}   --record-all: a unary call no hook sees
+    {"kind": "gap", "dropped": 3}  lines the disk did not take
+
+- `header` opens every file and every crihook process's part of one: crihook's version, the
+  effective configuration (a config document `settings_from_toml` reads back) and the node
+  facts the hooks use (the sysfs topology with memory per NUMA node, the device pools).
+- `call`: the request as received and as forwarded (`"unchanged"`: kubelet's bytes; null: not
+  forwarded) as exact protobuf bytes (base64) and readable: the request rendered whole, the
+  forwarded one as its `changes` (field path → new value; rendering it whole again would
+  cost a recording as much as the call itself); the runtime's answer
+  or the status the call ended with (`origin`: crihook, runtime or kubelet); each hook's
+  verdict, adjustment (or hints) and time; the updates sent to other containers; what hooks
+  asked the node and the runtime (`observed`), so a replay can answer the same way.
+- `seq` is the order in which calls entered the chain (lines are written as calls end).
+
+Redacted lines (the default) carry the bytes of the redacted message (see `redact`).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from crihook import __version__
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.node import Topology
+from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, TopologyHint
+from crihook.hooks.spec.adjustment import Field, describe_key
+from crihook.proxy.config import Settings
+from crihook.proxy.config_doc import settings_doc
+from crihook.proxy.merge import jsonable
+from crihook.proxy.methods import INTERCEPTED
+from crihook.proxy.observe import Observation
+from crihook.proxy.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
+from crihook.proxy.redact import REDACTED, Redactor
+from crihook.proxy.render import changes, render
+
+__all__ = [
+    "FORMAT",
+    "UNCHANGED",
+    "call_line",
+    "container_label",
+    "forwarded_doc",
+    "header_line",
+    "message_doc",
+    "metadata_doc",
+    "observation_docs",
+    "passthrough_line",
+    "pod_label",
+    "status_doc",
+    "sync_line",
+    "update_docs",
+    "view_docs",
+]
+
+FORMAT = 1
+UNCHANGED = "unchanged"
+
+
+def header_line(
+    settings: Settings,
+    topology: Topology,
+    device_pools: Sequence[Mapping[str, Any]],
+    files: Iterable[Observation],
+    time: float,
+    redacted: bool,
+) -> dict[str, Any]:
+    """The line every recorded file (and every crihook process's part of it) starts with."""
+    return {
+        "kind": "header",
+        "format": FORMAT,
+        "crihook": __version__,
+        "time": round(time, 6),
+        "redacted": redacted,
+        "config": settings_doc(settings),
+        "node": {
+            "topology": topology.to_dict(),
+            "device_pools": [dict(p) for p in device_pools],
+            "files": observation_docs(files),
+        },
+    }
+
+
+def message_doc(
+    raw: bytes,
+    message_type: type[Message] | None,
+    redactor: Redactor,
+    event: Event | None = None,
+) -> dict[str, Any]:
+    """`{"b64", "json"}` of a message (`json` null when it does not decode); redacted (the
+    intercepted request of `event` where its secrets are, any other message throughout)."""
+    return _message(raw, message_type, redactor, event)[0]
+
+
+def forwarded_doc(
+    received: Message | None,
+    forwarded: bytes,
+    message_type: type[Message],
+    redactor: Redactor,
+    event: Event,
+) -> dict[str, Any]:
+    """A request as forwarded with changes: its bytes, and where it differs from the request
+    as received (`changes`, see `render.changes`); redacted as the request is."""
+    doc, message = _message(forwarded, message_type, redactor, event, rendered=False)
+    if message is not None:
+        doc["changes"] = changes(received, message) if received is not None else render(message)
+    return doc
+
+
+def _message(
+    raw: bytes,
+    message_type: type[Message] | None,
+    redactor: Redactor,
+    event: Event | None,
+    rendered: bool = True,
+) -> tuple[dict[str, Any], Message | None]:
+    if message_type is None:
+        return {"b64": _b64(raw), "json": None}, None
+    try:
+        message = message_type.FromString(raw)
+    except DecodeError as exc:
+        return {"b64": _b64(raw), "json": None, "error": str(exc)}, None
+    redacted = redactor.request(event, message) if event else redactor.message(message)
+    if redacted:
+        raw = message.SerializeToString()
+    doc: dict[str, Any] = {"b64": _b64(raw)}
+    if rendered:
+        doc["json"] = render(message)
+    return doc, message
+
+
+def status_doc(status: Status | None, origin: str = "") -> dict[str, Any] | None:
+    if status is None:
+        return None
+    doc: dict[str, Any] = {"code": status.code.name, "message": status.details}
+    if origin:
+        doc["origin"] = origin
+    if status.trailers:
+        doc["trailers"] = metadata_doc(status.trailers)
+    return doc
+
+
+def metadata_doc(metadata: Metadata | None) -> list[list[Any]]:
+    return [[k, {"base64": _b64(v)} if isinstance(v, bytes) else v] for k, v in metadata or ()]
+
+
+def pod_label(pod: PodView | None) -> str:
+    if pod is None:
+        return ""
+    return f"{pod.namespace}/{pod.name}" if pod.name else pod.id
+
+
+def container_label(container: ContainerView | None) -> str:
+    if container is None:
+        return ""
+    return container.name or container.id
+
+
+def call_line(outcome: Outcome, redactor: Redactor) -> dict[str, Any]:
+    """The line of one intercepted call."""
+    spec = INTERCEPTED[outcome.event]
+    line: dict[str, Any] = {
+        "kind": "call",
+        "seq": outcome.seq,
+        "time": round(outcome.started, 6),
+        "elapsed_ms": round(outcome.elapsed * 1000, 3),
+        "method": outcome.event.value,
+        "pod": pod_label(outcome.pod),
+        "pod_id": outcome.pod.id if outcome.pod else "",
+        "container": container_label(outcome.container),
+        "container_id": outcome.container.id if outcome.container else "",
+        "timeout": None if outcome.timeout is None else round(outcome.timeout, 3),
+    }
+    if outcome.metadata:
+        line["metadata"] = metadata_doc(outcome.metadata)
+    if not outcome.ready:
+        line["ready"] = False
+    line["request"], received = _message(outcome.received, spec.request, redactor, outcome.event)
+    if outcome.forwarded is None:
+        line["forwarded"] = None
+    elif outcome.forwarded is outcome.received:
+        line["forwarded"] = UNCHANGED
+    else:
+        line["forwarded"] = forwarded_doc(
+            received, outcome.forwarded, spec.request, redactor, outcome.event
+        )
+    line["response"] = (
+        None if outcome.response is None else message_doc(outcome.response, spec.response, redactor)
+    )
+    line["status"] = status_doc(outcome.status, outcome.status_origin)
+    line["hooks"] = hook_docs(outcome.hooks, redactor)
+    line["updates"] = update_docs(outcome.updates)
+    line["observed"] = observation_docs(outcome.observed or ())
+    return line
+
+
+def passthrough_line(
+    seq: int,
+    path: str,
+    request: bytes,
+    response: bytes | None,
+    status: Status | None,
+    started: float,
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """A unary call forwarded as bytes, no hook involved (`--record-all`)."""
+    name = path.rsplit("/", 1)[-1]
+    request_type = getattr(api_pb2, f"{name}Request", None)
+    response_type = getattr(api_pb2, f"{name}Response", None)
+    return {
+        "kind": "passthrough",
+        "seq": seq,
+        "time": round(started, 6),
+        "method": path,
+        "request": message_doc(request, request_type, redactor),
+        "response": None if response is None else message_doc(response, response_type, redactor),
+        "status": status_doc(status, "runtime" if status else ""),
+    }
+
+
+def sync_line(
+    kind: str,
+    seq: int,
+    time: float,
+    reason: str,
+    pods: Sequence[PodView],
+    containers: Sequence[ContainerView],
+    states: Mapping[str, Any],
+    hook_states: Mapping[str, Any],
+    updates: Sequence[SentUpdate],
+    observed: Iterable[Observation],
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """A synchronize of every hook (`sync`), or the state a rotated file starts from
+    (`snapshot`): what the hooks were given, and the repairs sent."""
+    return {
+        "kind": kind,
+        "seq": seq,
+        "time": round(time, 6),
+        "reason": reason,
+        "pods": view_docs(pods, redactor),
+        "containers": view_docs(containers, redactor),
+        "container_states": {k: getattr(v, "value", v) for k, v in states.items()},
+        "hook_states": dict(hook_states),
+        "updates": update_docs(updates),
+        "observed": observation_docs(observed),
+    }
+
+
+def view_docs(
+    views: Sequence[PodView] | Sequence[ContainerView], redactor: Redactor
+) -> list[dict[str, Any]]:
+    out = []
+    for view in views:
+        doc = view.to_dict()
+        doc["annotations"] = redactor.annotations(view.annotations)
+        out.append(doc)
+    return out
+
+
+def hook_docs(runs: Sequence[HookRun], redactor: Redactor) -> list[dict[str, Any]]:
+    out = []
+    for run in runs:
+        doc: dict[str, Any] = {"hook": run.hook, "stage": run.stage.value, "verdict": run.verdict}
+        if run.detail:
+            doc["detail"] = run.detail
+        if run.answer is not None:
+            doc["answer"] = _answer(run.answer, redactor)
+        doc["ms"] = round(run.seconds * 1000, 3)
+        out.append(doc)
+    return out
+
+
+def _answer(answer: Any, redactor: Redactor) -> Any:
+    if isinstance(answer, Adjustment):
+        changes: dict[str, Any] = {}
+        for key, value in answer.change_items():
+            shown = jsonable(value)
+            if key[0] is Field.ENV:
+                shown = redactor.env_value(shown)
+            elif key[0] is Field.ANNOTATION and redactor.enabled and isinstance(shown, str):
+                shown = REDACTED if redactor.secret(key[1], shown) else shown
+            changes[describe_key(key)] = shown
+        doc: dict[str, Any] = {"set": changes}
+        if answer.updates:
+            doc["updates"] = [
+                {"container_id": u.container_id, "resources": dict(u.resources.items())}
+                for u in answer.updates
+            ]
+        return doc
+    if isinstance(answer, Mapping):  # hints: resource → TopologyHints
+        return {str(resource): _hints(hints) for resource, hints in answer.items()}
+    return repr(answer)
+
+
+def _hints(hints: Sequence[TopologyHint] | None) -> Any:
+    if hints is None:
+        return None
+    return [
+        {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
+        for h in hints
+    ]
+
+
+def update_docs(updates: Sequence[SentUpdate]) -> list[dict[str, Any]]:
+    return [
+        {
+            "container_id": u.container_id,
+            "resources": dict(u.resources),
+            "changed": dict(u.changed),
+            "hooks": list(u.hooks),
+            "status": status_doc(u.status),
+        }
+        for u in updates
+    ]
+
+
+def observation_docs(observed: Iterable[Observation]) -> list[dict[str, Any]]:
+    out = []
+    for o in observed:
+        doc: dict[str, Any] = {"seam": o.seam, "op": o.op, "args": list(o.args)}
+        if o.error is not None:
+            doc["error"] = o.error
+        else:
+            doc["result"] = o.result
+        out.append(doc)
+    return out
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()

@@ -1,0 +1,263 @@
+"""Re-records the replay corpus: a realistic node workload, driven by the kubelet-like client
+through crihook (`serve --record`) in front of the lab's real containerd.
+
+    sudo .venv/bin/python -m tests.replay.record_corpus        # writes tests/replay/*.jsonl
+
+Needs root and the containerd test bed (tests/lab/install.sh). Takes about a minute. The
+workload, in kubelet's order:
+
+- pods of the three QoS classes: BestEffort (`batch`, with an OOM score override inside its
+  namespace's range), Burstable with an init container and a sidecar (`web`), Guaranteed
+  with a fractional CPU (`cache`, shared pool) and with one whole CPU (`db`: an exclusive
+  CPU on this 2-CPU machine; CPU 0 is reserved), all with pod-level budgets (kubelet puts
+  them on every sandbox), and an exempt `kube-system` pod;
+- device annotations (`train`, namespace `ml`): a device node, a read-only mount, env and a
+  pooled device; and two requests the node's policy refuses (a device not allowed, an OOM
+  override out of range);
+- kubelet resizing a container, and a kubelet-restart burst of UpdateContainerResources for
+  every running container;
+- crihook restarted in the middle (the file gets a second part: header, synchronize);
+- deletions (the exclusive CPU and the pooled device go back; the shared containers follow),
+  a new Guaranteed pod on the freed CPU, then everything removed.
+
+Netdev annotations are not in the corpus: a replay does not run the netdev hook (netlink is
+not recorded; see docs/recording.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import grpc
+
+from crihook.api.cri.v1 import api_pb2
+from tests.lab.containerd import Containerd
+from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
+from tests.lab.images import DEFAULT_CACHE_DIR, build_images
+from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "containerd-node.jsonl"
+MIB = 1 << 20
+# Fixed paths, so a re-recorded corpus differs from the last only where behaviour does.
+DEVICE_ROOT = Path("/tmp/crihook-corpus-host")
+
+
+def config(root: Path) -> str:
+    dev = root / "dev"
+    return f"""
+[node]
+topology_policy = "best-effort"
+
+[hooks]
+order = ["cpuset", "numa", "oom", "devices"]
+exempt_namespaces = ["kube-system"]
+
+[hooks.cpuset]
+reserved_cpus = "0"
+
+[hooks.oom]
+qos_scores = {{ BestEffort = 999 }}
+override_ranges = {{ batch = "500..1000" }}
+
+[hooks.devices]
+namespaces = ["ml"]
+devices = ["{dev}/ok-*"]
+mounts = ["{root}/models", "{root}/models/**"]
+env = ["MODEL_*"]
+
+[hooks.devices.pools.gpu]
+env = "GPU_VISIBLE_DEVICES"
+devices = [
+  {{ id = "0", path = "{dev}/gpu0", numa = 0 }},
+  {{ id = "1", path = "{dev}/gpu1", numa = 0 }},
+]
+"""
+
+
+def host_files(root: Path) -> None:
+    """Device nodes (the numbers of /dev/null, /dev/zero, ...) and a model directory."""
+    shutil.rmtree(root, ignore_errors=True)
+    dev = root / "dev"
+    dev.mkdir(parents=True)
+    for name, minor in [("ok-null", 3), ("ok-zero", 5), ("gpu0", 7), ("gpu1", 8), ("forbidden", 3)]:
+        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, minor))  # S_IFCHR
+    (root / "models").mkdir()
+    (root / "models" / "weights.txt").write_text("hello\n")
+
+
+def uid(n: int) -> str:
+    return f"c0ffee00-0000-4000-8000-{n:012d}"
+
+
+def app(
+    name: str, cpu: int | None = None, memory: int | None = None, **kw: object
+) -> ContainerSpec:
+    """`cpu` (milli-CPU) and `memory` as request and limit: Guaranteed when both are set."""
+    spec = ContainerSpec(name, command=["sleep", "3600"], **kw)  # type: ignore[arg-type]
+    spec.cpu_request = spec.cpu_limit = cpu
+    spec.memory_request = spec.memory_limit = memory
+    return spec
+
+
+def workload_pods(root: Path) -> dict[str, PodSpec]:
+    web_app = ContainerSpec("app", cpu_request=200, memory_request=64 * MIB)
+    proxy = ContainerSpec("proxy", cpu_request=100, memory_request=32 * MIB)
+    init = ContainerSpec("init", command=["true"])
+    train = app("app", env=[("MODEL_TOKEN", "do-not-record")])
+    devices = root / "dev"
+    return {
+        "coredns": PodSpec(
+            name="coredns", namespace="kube-system", uid=uid(1), containers=[ContainerSpec("dns")]
+        ),
+        "batch": PodSpec(
+            name="batch-0",
+            namespace="batch",
+            uid=uid(2),
+            containers=[ContainerSpec("job")],
+            annotations={"oom.crihook.io/score-adj": "700"},
+        ),
+        "web": PodSpec(
+            name="web-0",
+            uid=uid(3),
+            init_containers=[init],
+            containers=[web_app, proxy],
+            annotations={
+                "crihook.io/init-containers": "init",
+                "crihook.io/sidecar-containers": "proxy",
+                "example.com/api-token": "do-not-record",
+            },
+        ),
+        "cache": PodSpec(name="cache-0", uid=uid(4), containers=[app("redis", 500, 64 * MIB)]),
+        "db": PodSpec(name="db-0", uid=uid(5), containers=[app("postgres", 1000, 128 * MIB)]),
+        "train": PodSpec(
+            name="train-0",
+            namespace="ml",
+            uid=uid(6),
+            containers=[train],
+            annotations={
+                "devices.crihook.io/pod": json.dumps([{"path": f"{devices}/ok-null"}]),
+                "mounts.crihook.io/container.app": json.dumps({f"{root}/models": "/models"}),
+                "env.crihook.io/pod": json.dumps([{"name": "MODEL_DIR", "value": "/models"}]),
+                "pools.crihook.io/container.app": json.dumps({"gpu": 1}),
+            },
+        ),
+        "not-allowed": PodSpec(
+            name="sneaky-0",
+            namespace="ml",
+            uid=uid(7),
+            containers=[app("app")],
+            annotations={"devices.crihook.io/pod": json.dumps([{"path": f"{devices}/forbidden"}])},
+        ),
+        "out-of-range": PodSpec(
+            name="batch-1",
+            namespace="batch",
+            uid=uid(8),
+            containers=[ContainerSpec("job")],
+            annotations={"oom.crihook.io/score-adj": "-900"},
+        ),
+        "db-1": PodSpec(name="db-1", uid=uid(9), containers=[app("postgres", 1000, 128 * MIB)]),
+    }
+
+
+def refused(kubelet: KubeletClient, spec: PodSpec) -> None:
+    try:
+        kubelet.run_pod(spec)
+    except PodStartError as exc:
+        if exc.handle is not None:  # the sandbox was made: kubelet removes it
+            kubelet.remove_pod(exc.handle)
+        return
+    raise AssertionError(f"pod {spec.name} was not refused")
+
+
+def update_burst(kubelet: KubeletClient, handles: list[PodHandle]) -> None:
+    """What a restarted kubelet does: UpdateContainerResources for every running container,
+    with the resources it computes for it."""
+    for handle in handles:
+        for name, cid in handle.container_ids.items():
+            linux = handle.container_configs[name].linux.resources
+            kubelet.runtime.UpdateContainerResources(
+                api_pb2.UpdateContainerResourcesRequest(container_id=cid, linux=linux), timeout=30
+            )
+
+
+def record(out: Path) -> None:
+    host_files(DEVICE_ROOT)
+    images = build_images(DEFAULT_CACHE_DIR)
+    lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), images)
+    workdir = short_tmpdir("corpus-")
+    path = workdir / "record.jsonl"
+    proc: CrihookProcess | None = None
+    try:
+        lab.start()
+        proc = CrihookProcess(
+            lab.endpoint,
+            workdir=workdir,
+            config=config(DEVICE_ROOT),
+            hooks=None,
+            args=["--record", str(path)],
+        )
+        pods = workload_pods(DEVICE_ROOT)
+        proc.start()
+        with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
+            handles = {
+                name: kubelet.run_pod(pods[name])
+                for name in ("coredns", "batch", "web", "cache", "db", "train")
+            }
+            refused(kubelet, pods["not-allowed"])
+            refused(kubelet, pods["out-of-range"])
+            # kubelet resizes web-0's app container (in place: more CPU, more memory).
+            web = handles["web"]
+            resized = api_pb2.LinuxContainerResources()
+            resized.CopyFrom(web.container_configs["app"].linux.resources)
+            resized.cpu_shares, resized.memory_limit_in_bytes = 512, 256 * MIB
+            kubelet.runtime.UpdateContainerResources(
+                api_pb2.UpdateContainerResourcesRequest(
+                    container_id=web.container_ids["app"], linux=resized
+                ),
+                timeout=30,
+            )
+            update_burst(kubelet, list(handles.values()))
+        assert proc.stop() == 0, proc.log()
+        proc.start()  # a crihook restart: the file gets its second part
+        with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
+            update_burst(kubelet, list(handles.values()))
+            for name in ("db", "train"):
+                kubelet.remove_pod(handles.pop(name))
+            handles["db-1"] = kubelet.run_pod(pods["db-1"])
+            for handle in handles.values():
+                kubelet.remove_pod(handle)
+        assert proc.stop() == 0, proc.log()
+        out.write_bytes(path.read_bytes())
+        print(f"wrote {out} ({out.stat().st_size} bytes)")
+    finally:
+        if proc is not None:
+            proc.kill()
+        lab.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(DEVICE_ROOT, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.replay.record_corpus")
+    parser.add_argument("--out", type=Path, default=CORPUS, help=f"default {CORPUS}")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("record_corpus: needs root (containerd, device nodes)", file=sys.stderr)
+        return 2
+    try:
+        record(args.out)
+    except (grpc.RpcError, PodStartError, AssertionError) as exc:
+        print(f"record_corpus: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The recording writer, in process: lines leave the event loop through a queue, a disk that
+fails drops and counts lines without raising, and a file past its bound is rotated into
+files that each replay on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.spec import Event, PodView
+from crihook.proxy.config import RecordSettings
+from crihook.proxy.outcome import Outcome
+from crihook.proxy.record import RESUME_SECONDS, Recorder
+from crihook.proxy.replay_file import read_recording
+from tests.unit.test_replay_file import header, sync
+
+
+@contextlib.asynccontextmanager
+async def no_calls() -> AsyncIterator[None]:
+    yield
+
+
+def recorder(path: Path, **settings: Any) -> Recorder:
+    seqs = iter(range(1000, 100000))
+    return Recorder(
+        RecordSettings(file=path, **settings),
+        header,
+        lambda seq: {**sync(seq), "kind": "snapshot", "reason": "rotate"},
+        no_calls,
+        lambda: next(seqs),
+    )
+
+
+def outcome(seq: int, payload: bytes = b"") -> Outcome:
+    request = api_pb2.StartContainerRequest(container_id=f"c{seq}" + payload.hex())
+    result = Outcome(Event.START_CONTAINER, request.SerializeToString(), None)
+    result.seq = seq
+    result.pod = PodView(id="p", uid="u", name="web", namespace="default")
+    result.forwarded = result.received
+    result.response = b""
+    return result
+
+
+async def test_calls_become_lines_after_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    rec.line(sync(1))
+    for seq in (2, 3):
+        rec.call(outcome(seq))
+    await rec.close()
+
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["header", "sync", "call", "call"]
+    assert [line["forwarded"] for line in lines[2:]] == ["unchanged", "unchanged"]
+    assert lines[2]["pod"] == "default/web"
+    assert rec.status()["lines"] == 4
+    assert rec.status()["dropped"] == 0
+    assert read_recording(path).calls == 2
+
+
+async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    os.rename(path, tmp_path / "first.jsonl")
+    path.mkdir()  # a directory where the file is: every write fails (root too)
+    rec._close_file(sync=False)  # as if the disk went away under the open file
+    for seq in (3, 4, 5):
+        rec.call(outcome(seq))
+    await _settled(rec, dropped=3)
+    status = rec.status()
+    assert status["write_failures"] >= 1
+    assert "rec.jsonl" in status["last_error"]
+    assert status["failing_since"] is not None
+
+    # The disk is back: nothing more is written until the writer can resume whole, behind
+    # a new header and a snapshot of what the hooks hold.
+    path.rmdir()
+    os.rename(tmp_path / "first.jsonl", path)
+    await asyncio.sleep(RESUME_SECONDS)
+    for seq in (6, 7):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    rec.call(outcome(8))
+    await rec.close()
+
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds[:3] == ["header", "sync", "call"]
+    gap_at = kinds.index("gap")
+    assert kinds[gap_at : gap_at + 3] == ["gap", "header", "snapshot"]
+    assert kinds[gap_at + 3 :] == ["call"] * (len(kinds) - gap_at - 3)
+    gap = json.loads(path.read_text().splitlines()[gap_at])
+    assert gap["dropped"] == rec.status()["dropped"] >= 3
+    assert rec.status()["failing_since"] is None
+    recording = read_recording(path)
+    assert [s.line for s in recording.segments] == [1, gap_at + 2]
+
+
+async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
+    """Until the writer took every queued line (it runs in its own thread)."""
+    for _ in range(500):
+        status = rec.status()
+        if rec._queue.empty() and status["lines"] >= lines and status["dropped"] >= dropped:
+            await asyncio.sleep(0.02)
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the writer did not take the lines: {rec.status()}")
+
+
+async def test_past_its_bound_the_file_is_rotated_and_each_file_replays(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path, max_bytes=4096, keep=2)
+    rec.start()
+    rec.line(sync(1))
+    for seq in range(2, 80):
+        rec.call(outcome(seq, payload=bytes(100)))
+        await _settled(rec)
+    await rec.close()
+
+    assert rec.status()["rotations"] >= 2
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["rec.jsonl", "rec.jsonl.1", "rec.jsonl.2"]  # keep=2: no .3
+    for name in files:
+        recording = read_recording(tmp_path / name)
+        first = recording.lines[0]
+        assert first["kind"] == "header"
+        if name != "rec.jsonl.2" or rec.status()["rotations"] > 2:
+            # A rotated file starts from a snapshot of what the hooks hold.
+            assert recording.lines[1]["kind"] == "snapshot"
+        assert os.path.getsize(tmp_path / name) < 4096 + 2000  # the bound, plus one batch
+    assert rec.status()["dropped"] == 0
+
+
+@pytest.mark.parametrize("secrets", [False, True], ids=["redacted", "secrets-kept"])
+async def test_a_call_line_is_redacted_unless_secrets_are_kept(
+    tmp_path: Path, secrets: bool
+) -> None:
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path, secrets=secrets)
+    rec.start()
+    request = api_pb2.UpdateContainerResourcesRequest(
+        container_id="c1", annotations={"vault.example.com/token": "s3cr3t"}
+    )
+    call = Outcome(Event.UPDATE_CONTAINER_RESOURCES, request.SerializeToString(), None)
+    call.forwarded = call.received
+    rec.call(call)
+    await rec.close()
+    text = path.read_text()
+    line = json.loads(text.splitlines()[-1])
+    assert line["request"]["json"]["annotations"]["vault.example.com/token"] == (
+        "s3cr3t" if secrets else "<redacted>"
+    )
+    assert ("s3cr3t" in _decoded(text)) is secrets
+
+
+def _decoded(text: str) -> str:
+    """The file with every base64 payload decoded: a secret must not hide in the bytes."""
+    import base64
+
+    out = [text]
+    for line in text.splitlines():
+        for doc in json.loads(line).values():
+            if isinstance(doc, dict) and isinstance(doc.get("b64"), str):
+                out.append(base64.b64decode(doc["b64"]).decode(errors="replace"))
+    return "\n".join(out)

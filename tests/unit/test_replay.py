@@ -1,0 +1,120 @@
+"""The replay engine on small hand-made recordings: what it does when the recording and the
+replayed chain disagree about whether a call reaches the runtime, and `--update`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from crihook.hooks.spec import Adjustment, Hook, HookContext, Reject
+from crihook.proxy.config import settings_from_toml
+from crihook.proxy.replay import replay
+from crihook.proxy.replay_cli import write_updated
+from crihook.proxy.replay_file import read_recording
+from tests.unit.test_replay_file import call, header, sync, write
+
+
+def refused_by_a_hook(seq: int) -> dict[str, Any]:
+    """A StartContainer a hook of the recorded chain refused: never forwarded."""
+    line = call(seq)
+    line["forwarded"] = None
+    line["response"] = None
+    line["status"] = {
+        "code": "FAILED_PRECONDITION",
+        "message": "crihook: hook 'gone' rejected it",
+        "origin": "crihook",
+    }
+    line["hooks"] = [{"hook": "50-gone", "stage": "pre", "verdict": "rejected", "ms": 0.1}]
+    return line
+
+
+async def test_a_call_the_replayed_chain_lets_through_differs_and_can_become_the_expectation(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "r.jsonl", [header(), sync(1), refused_by_a_hook(2), call(3)])
+
+    report = await replay(read_recording(path))
+
+    (result,) = report.differing
+    assert result.entry.line == 3
+    assert [d.describe() for d in result.differences] == [
+        'status: recorded "FAILED_PRECONDITION: crihook: hook \'gone\' rejected it", replayed "OK"',
+        'forwarded: recorded "not forwarded", replayed "forwarded unchanged"',
+    ]
+    # The recording has no answer for it: a made-up success, said so.
+    assert result.notes == [
+        "the runtime was asked StartContainer, which the recording has no answer for (answered OK)"
+    ]
+    # A plugin ran in the recording that the recorded configuration does not name.
+    assert any("plugin(s) 50-gone" in w for w in report.warnings)
+
+    assert write_updated(report, None, None) == 1
+    again = await replay(read_recording(path))
+    assert again.differing == []
+    line = json.loads(path.read_text().splitlines()[2])
+    assert line["status"] is None and line["forwarded"] == "unchanged"
+
+
+async def test_calls_refused_before_crihook_was_ready_replay_as_such(tmp_path: Path) -> None:
+    early = call(1)
+    early.update(
+        ready=False,
+        forwarded=None,
+        response=None,
+        status={
+            "code": "UNAVAILABLE",
+            "message": "crihook: waiting for the runtime at unix:///c.sock",
+            "origin": "crihook",
+        },
+    )
+    path = write(tmp_path / "r.jsonl", [header(), early, sync(2), call(3)])
+
+    report = await replay(read_recording(path))
+
+    assert report.differing == []
+    assert report.warnings == []
+
+
+async def test_the_runtime_refusing_a_call_is_replayed_from_the_recording(tmp_path: Path) -> None:
+    failed = call(2)
+    failed.update(
+        response=None,
+        status={"code": "NOT_FOUND", "message": "container c1 not found", "origin": "runtime"},
+    )
+    path = write(tmp_path / "r.jsonl", [header(), sync(1), failed])
+
+    report = await replay(read_recording(path))
+
+    assert report.differing == []
+    assert "everything matches" in report.summary()
+
+
+class RefuseStart(Hook):
+    """A chain that now refuses what the runtime refused before."""
+
+    async def pre_start_container(self, ctx: HookContext) -> Adjustment | None:
+        raise Reject("no more starts")
+
+
+REFUSING = settings_from_toml(
+    {"hooks": {"order": ["10-refuse"], "refuse": {"module": f"{__name__}:RefuseStart"}}}
+)
+
+
+async def test_update_keeps_what_the_runtime_answered(tmp_path: Path) -> None:
+    failed = call(2)
+    failed.update(
+        response=None,
+        status={"code": "NOT_FOUND", "message": "container c1 not found", "origin": "runtime"},
+    )
+    path = write(tmp_path / "r.jsonl", [header(), sync(1), failed])
+    report = await replay(read_recording(path), REFUSING)
+    assert [d.what for d in report.differing[0].differences] == ["status", "forwarded"]
+
+    write_updated(report, REFUSING, None)
+
+    assert (await replay(read_recording(path))).differing == []  # the header: the new chain
+    without = await replay(read_recording(path), hooks="none")
+    (difference, *_) = without.differing[0].differences
+    assert difference.replayed == "NOT_FOUND: container c1 not found"  # the runtime's answer
