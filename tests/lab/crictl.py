@@ -138,7 +138,11 @@ def scrub_json(doc: object) -> object:
 
 
 def shape(doc: object) -> object:
-    """Keys kept, every leaf value replaced by ``"<n>"``: usage counters move between runs."""
+    """Keys kept, every leaf value replaced by ``"<n>"``: usage counters move between runs.
+    A counter is a wrapper, ``{"value": n}``, printed as ``{}`` when n is 0 (protobuf's JSON
+    leaves zeros out): either is ``"<n>"``, or an idle container's zero would differ."""
+    if isinstance(doc, dict) and set(doc) <= {"value"}:
+        return "<n>"
     if isinstance(doc, dict):
         return {k: shape(v) for k, v in doc.items()}
     if isinstance(doc, list):

@@ -62,10 +62,16 @@ def test_scrub_json_keeps_zero_times_apart_from_set_ones() -> None:
 
 
 def test_shape_keeps_only_keys() -> None:
-    assert shape({"cpu": {"value": "31799369"}, "l": [1, 2]}) == {
-        "cpu": {"value": "<n>"},
+    assert shape({"cpu": {"value": "31799369"}, "l": [1, 2], "m": {"k": 1}}) == {
+        "cpu": "<n>",
         "l": ["<n>", "<n>"],
+        "m": {"k": "<n>"},
     }
+
+
+def test_shape_a_zero_counter_is_a_counter() -> None:
+    """protobuf's JSON prints a zero UInt64Value as {}: as much a counter as {"value": n}."""
+    assert shape({"majorPageFaults": {}}) == shape({"majorPageFaults": {"value": "3"}})
 
 
 def test_json_stream_of_an_unfinished_stream() -> None:
