@@ -1,10 +1,12 @@
 """Recording: every intercepted call appended to a file as one JSON line, off the request path.
 
 A call only hands its outcome over (a few hundred nanoseconds) and is answered at once.
-After it, the event loop renders and redacts the line in slices, one line per turn of the
-loop (between the calls, never inside one: rendering in a thread made it fight the loop for
-the GIL, which cost more than the rendering itself), and a background thread writes the
-lines, in batches. Nothing is fsynced: a recording is a diagnostic, not state.
+After it, the event loop pickles what the call handed over, one item per turn of the loop
+(between the calls, never inside one), and a sender thread passes it to a renderer process
+(`record_worker`), which renders and redacts the line as JSON. Rendering costs a few hundred
+microseconds for a large call: on the loop it took that time from the calls, and in a thread
+it fought the loop for the GIL. A writer thread takes the rendered lines back and writes
+them, in batches. Nothing is fsynced: a recording is a diagnostic, not state.
 
 The file is bounded: past `max_bytes` it is rotated (FILE → FILE.1 → ... → FILE.<keep>), and
 the new file starts with a header and a snapshot of what the hooks hold, taken on the loop
@@ -14,7 +16,9 @@ A disk that fails (full, gone, read-only) never fails a CRI call: lines are drop
 counted (`crihook state`), the failure is logged when it starts and when it ends. A file
 never goes on past a hole as if nothing were missing: once a line is lost, the writer drops
 every line until it can write a `gap` line, a new header and a snapshot (asked for at most
-once a second), from which a replay starts afresh. See `record_format` for the lines.
+once a second), from which a replay starts afresh. A renderer that dies loses the lines it
+held in the same way (counted, followed by a gap); the next line starts a new one. See
+`record_format` for the lines.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import os
+import pickle
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,20 +43,23 @@ from crihook.hooks.node import HostFiles
 from crihook.proxy.config import RecordSettings, Settings
 from crihook.proxy.observe import Observation, ObservedFiles, begin, end
 from crihook.proxy.outcome import Outcome, Status
-from crihook.proxy.record_format import call_line, passthrough_line
+from crihook.proxy.record_format import encode_line
+from crihook.proxy.record_worker import dumps, read_frame, write_frame
 from crihook.proxy.redact import Redactor
 
-__all__ = ["MAX_PENDING", "Recorder", "device_pool_facts", "encode_line"]
+__all__ = ["MAX_PENDING", "Recorder", "device_pool_facts"]
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000
-"""Lines waiting for the writer; past this (a disk far slower than the calls) they are
-dropped and counted, so memory stays bounded."""
+"""Lines waiting for the renderer; past this (a renderer or a disk far slower than the
+calls) they are dropped and counted, so memory stays bounded."""
 GATHER_SECONDS = 0.02
 """The writer waits this long after a line arrives, so lines are written in batches."""
 RESUME_SECONDS = 1.0
 """After lost lines, how often the writer asks for a snapshot to resume from."""
+STOP_SECONDS = 60
+"""At close, how long the renderer may take to answer what it holds."""
 _BATCH = 256
 _STOP = object()
 Line = dict[str, Any]
@@ -85,9 +94,16 @@ class Recorder:
         self._pending: collections.deque[Any] = collections.deque()
         """What calls handed over, not rendered yet (on the loop)."""
         self._encoding = False
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        """Pickled items, for the sender thread (to the renderer)."""
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         """Rendered lines, for the writer thread."""
         self._thread: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._worker: _Worker | None = None
+        self._redaction = dumps(
+            (settings.redact_annotations, settings.redact_values, not settings.secrets)
+        )
         self._fd: int | None = None
         self._size = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,7 +117,8 @@ class Recorder:
         self.encode_failures = 0
         self.rotations = 0
         self.cpu_seconds = 0.0
-        """Time the loop spent rendering and encoding lines."""
+        """Time the loop spent pickling items for the renderer."""
+        self.renderer_restarts = 0
         self.last_error: str | None = None
         self.failing_since: float | None = None
         self._lost = 0
@@ -119,6 +136,10 @@ class Recorder:
         self._put(("header", self._header()))
         self._thread = threading.Thread(target=self._run, name="crihook-recorder", daemon=True)
         self._thread.start()
+        self._sender = threading.Thread(
+            target=self._send, name="crihook-recorder-send", daemon=True
+        )
+        self._sender.start()
 
     def call(self, outcome: Outcome) -> None:
         """One intercepted call's outcome (the pipeline's `on_outcome`)."""
@@ -140,7 +161,7 @@ class Recorder:
         self._put(("line", line))
 
     def _put(self, item: Any) -> None:
-        if len(self._pending) >= MAX_PENDING:
+        if self.backlog() >= MAX_PENDING:
             self.dropped += 1
             self._overflowed = True  # the writer resumes from a snapshot
             return
@@ -153,21 +174,24 @@ class Recorder:
         """Render one line and hand it to the writer; the next one at the loop's next turn."""
         self._encoding = False
         if self._pending:
-            self._queue.put(self._encoded(self._pending.popleft()))
+            self._outbox.put(self._pickled(self._pending.popleft()))
         if self._pending and not self._encoding:
             self._encoding = True
             asyncio.get_running_loop().call_soon(self._encode_next)
 
-    def _encoded(self, item: Any) -> Any:
-        kind, payload = item
+    def _pickled(self, item: Any) -> bytes:
+        """One item as the renderer takes it. (What cannot be pickled is a bug: the call
+        went through, its line is lost and counted, in order with the others.)"""
         started = time.perf_counter()
-        if kind == "part":
-            header, snapshot = payload
-            encoded: Any = (encode_line(header), encode_line(snapshot))
-        else:
-            encoded = self._encode(kind, payload)
+        try:
+            frame = dumps(item)
+        except Exception:
+            self.encode_failures += 1
+            if self.encode_failures == 1:
+                log.exception("recording: a %s line could not be encoded (counted)", item[0])
+            frame = dumps(("lost", None))
         self.cpu_seconds += time.perf_counter() - started
-        return ("header" if kind == "header" else kind if kind == "part" else "line", encoded)
+        return frame
 
     def _start_part(self) -> None:
         """On the loop, when the writer asks: take a snapshot while no call is in flight."""
@@ -191,10 +215,19 @@ class Recorder:
         if self._thread is None:
             return
         while self._pending:
-            self._queue.put(self._encoded(self._pending.popleft()))
-        self._queue.put(_STOP)
+            self._outbox.put(self._pickled(self._pending.popleft()))
+        self._outbox.put(_STOP)
+        if self._sender is not None:
+            await asyncio.to_thread(self._sender.join)
+            self._sender = None
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+
+    def backlog(self) -> int:
+        """Items handed over and neither written nor dropped yet."""
+        worker = self._worker
+        in_worker = worker.sent - worker.answered if worker is not None else 0
+        return len(self._pending) + self._outbox.qsize() + in_worker + self._queue.qsize()
 
     def status(self) -> dict[str, Any]:
         """For status.json and `crihook state`."""
@@ -206,11 +239,99 @@ class Recorder:
             "write_failures": self.write_failures,
             "encode_failures": self.encode_failures,
             "rotations": self.rotations,
+            "renderer_restarts": self.renderer_restarts,
             "encode_cpu_us_per_line": round(self.cpu_seconds / max(self.lines, 1) * 1e6, 1),
             "last_error": self.last_error,
             "failing_since": self.failing_since,
             "redacted": self.redactor.enabled,
         }
+
+    # --- the sender thread and the renderer ------------------------------------------------
+    def _send(self) -> None:
+        """Pass the pickled items to the renderer, in order; start one when there is none."""
+        while (frame := self._outbox.get()) is not _STOP:
+            for _attempt in range(2):  # a renderer that died is replaced once per item
+                worker = self._worker if self._worker is not None else self._start_worker()
+                if worker is None:
+                    break
+                try:
+                    assert worker.proc.stdin is not None
+                    write_frame(worker.proc.stdin, frame)
+                    worker.proc.stdin.flush()
+                except OSError:
+                    self._worker_gone(worker)
+                    continue
+                worker.sent += 1
+                break
+            else:
+                worker = None
+            if worker is None:  # not delivered
+                self._queue.put(("lost", 1))
+        if self._worker is None:
+            self._queue.put(_STOP)
+        else:
+            self._stop_worker(self._worker)
+
+    def _start_worker(self) -> _Worker | None:
+        argv = [sys.executable, "-m", "crihook.proxy.record_worker"]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert proc.stdin is not None
+            write_frame(proc.stdin, self._redaction)
+        except OSError as exc:
+            log.error("recording: cannot start the renderer (%s); lines are dropped", exc)
+            return None
+        worker = _Worker(proc)
+        worker.reader = threading.Thread(
+            target=self._receive, args=(worker,), name="crihook-recorder-receive", daemon=True
+        )
+        worker.reader.start()
+        self._worker = worker
+        return worker
+
+    def _worker_gone(self, worker: _Worker) -> None:
+        """The renderer died: what it held is lost (its reader says how much)."""
+        worker.reader.join()
+        with contextlib.suppress(OSError):
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.close()
+        worker.proc.wait()
+        self._worker = None
+        self.renderer_restarts += 1
+
+    def _stop_worker(self, worker: _Worker) -> None:
+        worker.closing = True
+        with contextlib.suppress(OSError):
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.close()  # EOF: it answers what it read, then exits
+        worker.reader.join(timeout=STOP_SECONDS)
+        if worker.reader.is_alive():  # stuck: what it still holds is lost (and counted)
+            log.error("recording: the renderer did not finish in %d s; killed", STOP_SECONDS)
+            worker.proc.kill()
+            worker.reader.join()
+        worker.proc.wait()
+        self._worker = None
+
+    def _receive(self, worker: _Worker) -> None:
+        """The renderer's answers, to the writer, in order; at its end, what it never
+        answered is counted lost (and the writer is stopped, after the last one)."""
+        assert worker.proc.stdout is not None
+        while (frame := read_frame(worker.proc.stdout)) is not None:
+            kind, encoded = pickle.loads(frame)
+            worker.answered += 1
+            if encoded is None and kind != "lost":  # ("lost": counted when it was pickled)
+                self.encode_failures += 1
+            self._queue.put((kind if kind in ("header", "part") else "line", encoded))
+        worker.proc.stdout.close()
+        lost = worker.sent - worker.answered
+        worker.answered = worker.sent  # accounted for, below
+        if not worker.closing:
+            code = worker.proc.wait()
+            log.error("recording: the renderer exited (status %s); %d line(s) lost", code, lost)
+        if lost:
+            self._queue.put(("lost", lost))
+        if worker.closing:
+            self._queue.put(_STOP)
 
     # --- the writer thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -233,7 +354,9 @@ class Recorder:
                     stop = True
                     continue
                 kind, encoded = item
-                if kind == "header":  # the first line of this process's part
+                if kind == "lost":  # items the renderer did not answer (it died)
+                    self._lose(encoded)
+                elif kind == "header":  # the first line of this process's part
                     self._resuming = not self._write([encoded])
                 elif kind == "part":
                     self._write(out)
@@ -245,23 +368,6 @@ class Recorder:
                     out.append(encoded)
             self._write(out)
         self._close_file(sync=True)
-
-    def _encode(self, kind: str, payload: Any) -> bytes | None:
-        try:
-            if kind == "call":
-                line = call_line(payload, self.redactor)
-            elif kind == "passthrough":
-                seq, path, request, response, status, started = payload
-                redactor = self.redactor
-                line = passthrough_line(seq, path, request, response, status, started, redactor)
-            else:
-                line = payload
-            return encode_line(line)
-        except Exception:  # a bug: the call itself went through; this line is lost
-            self.encode_failures += 1
-            if self.encode_failures == 1:
-                log.exception("recording: a line could not be encoded (counted from now on)")
-            return None
 
     def _write(self, lines: list[bytes]) -> bool:
         if not lines:
@@ -397,14 +503,6 @@ def _append(fd: int, data: bytes) -> None:
         raise
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
-
-
-def encode_line(line: Line) -> bytes:
-    """One line of a recording, as written."""
-    return _ENCODER.encode(line).encode() + b"\n"
-
-
 def device_pool_facts(
     settings: Settings, files: HostFiles
 ) -> tuple[list[dict[str, Any]], list[Observation]]:
@@ -430,3 +528,14 @@ def device_pool_facts(
     finally:
         end(token)
     return pools, observed
+
+
+class _Worker:
+    """A renderer process and how far it got."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.reader: threading.Thread
+        self.sent = 0
+        self.answered = 0
+        self.closing = False

@@ -28,6 +28,7 @@ Redacted lines (the default) carry the bytes of the redacted message (see `redac
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "UNCHANGED",
     "call_line",
     "container_label",
+    "encode_line",
     "forwarded_doc",
     "header_line",
     "message_doc",
@@ -341,3 +343,11 @@ def observation_docs(observed: Iterable[Observation]) -> list[dict[str, Any]]:
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
+def encode_line(line: dict[str, Any]) -> bytes:
+    """One line of a recording, as written."""
+    return _ENCODER.encode(line).encode() + b"\n"

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from crihook.proxy.config import Settings, load_config
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.record import encode_line
+from crihook.proxy.record_format import encode_line
 from crihook.proxy.replay import ReplayReport, replay, settings_for
 from crihook.proxy.replay_file import CallEntry, RecordingError, SyncEntry, read_recording
 

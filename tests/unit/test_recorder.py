@@ -1,6 +1,7 @@
-"""The recording writer, in process: lines leave the event loop through a queue, a disk that
-fails drops and counts lines without raising, and a file past its bound is rotated into
-files that each replay on their own."""
+"""The recording writer: lines leave the event loop pickled, are rendered in a process of
+their own and written by a thread; a disk that fails (or a renderer that dies) drops and
+counts lines without raising, and a file past its bound is rotated into files that each
+replay on their own."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from crihook.hooks.spec import Event, PodView
 from crihook.proxy.config import RecordSettings
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.record import RESUME_SECONDS, Recorder
+from crihook.proxy.record_format import call_line, encode_line
 from crihook.proxy.replay_file import read_recording
 from tests.unit.test_replay_file import header, sync
 
@@ -112,7 +116,7 @@ async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
     """Until the writer took every queued line (it runs in its own thread)."""
     for _ in range(500):
         status = rec.status()
-        if rec._queue.empty() and status["lines"] >= lines and status["dropped"] >= dropped:
+        if rec.backlog() == 0 and status["lines"] >= lines and status["dropped"] >= dropped:
             await asyncio.sleep(0.02)
             return
         await asyncio.sleep(0.01)
@@ -175,3 +179,62 @@ def _decoded(text: str) -> str:
             if isinstance(doc, dict) and isinstance(doc.get("b64"), str):
                 out.append(base64.b64decode(doc["b64"]).decode(errors="replace"))
     return "\n".join(out)
+
+
+async def test_the_renderer_process_writes_the_line_the_loop_would_have(tmp_path: Path) -> None:
+    """Outcomes cross to the renderer pickled, read-only views included: the line in the
+    file is the one rendering in crihook's own process gives."""
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    call = outcome(2)
+    call.pod = PodView(
+        id="p",
+        uid="u",
+        name="web",
+        namespace="default",
+        labels=MappingProxyType({"app": "web"}),
+        annotations=MappingProxyType({"vault.example.com/token": "s3cr3t"}),
+    )
+    rec.call(call)
+    await rec.close()
+
+    written = path.read_bytes().splitlines(keepends=True)[-1]
+    assert written == encode_line(call_line(call, rec.redactor))
+    assert rec.status()["encode_failures"] == 0
+
+
+async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_goes_on(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    worker = rec._worker
+    assert worker is not None
+    os.kill(worker.proc.pid, signal.SIGSTOP)  # it takes three calls and answers none
+    for seq in (3, 4, 5):
+        rec.call(outcome(seq))
+    for _ in range(500):
+        if worker.sent == 6:  # the header, the sync, call 2, then 3, 4 and 5
+            break
+        await asyncio.sleep(0.01)
+    assert worker.sent - worker.answered == 3
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    await _settled(rec, dropped=3)
+    await asyncio.sleep(RESUME_SECONDS)
+    for seq in (6, 7):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    await rec.close()
+
+    status = rec.status()
+    assert status["dropped"] == 3
+    assert status["renderer_restarts"] == 1
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["header", "sync", "call", "gap", "header", "snapshot", "call", "call"]
+    assert json.loads(path.read_text().splitlines()[3])["dropped"] == 3
+    assert [s.line for s in read_recording(path).segments] == [1, 5]
