@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,13 @@ from crihook.proxy.check import (
     Level,
     cgroup_driver_from_info,
     condition_findings,
+    dropin_findings,
     exit_code,
     kubelet_findings,
     read_kubelet,
 )
-from crihook.proxy.cli import main
+from crihook.proxy.cli import build_parser, main
+from crihook.proxy.config import Settings, apply_flags
 from crihook.proxy.kubelet_settings import (
     KubeletConfigError,
     KubeletSetting,
@@ -319,8 +322,6 @@ def test_exit_code(levels: list[Level], code: int) -> None:
 
 
 def test_check_takes_every_serve_flag() -> None:
-    from crihook.proxy.cli import build_parser
-
     parser = build_parser()
     serve = parser.parse_args(["serve", "--hooks", "cpuset", "--dry-run", "--listen", "/x.sock"])
     check = parser.parse_args(["check", "--hooks", "cpuset", "--dry-run", "--listen", "/x.sock"])
@@ -357,3 +358,29 @@ def test_a_bad_config_is_an_error_and_the_rest_is_still_checked(
         lines
     )
     assert lines[-1].startswith("crihook check: ") and lines[-1].endswith("(exit 2)")
+
+
+def test_drop_ins_named_like_a_hook_or_one_another_are_errors(tmp_path: Path) -> None:
+    def dropin(file: str, name: str, policy: str) -> None:
+        (tmp_path / file).write_text(
+            f'name = "{name}"\nendpoint = "unix:///run/absent/{file}.sock"\n'
+            f'failure_policy = "{policy}"\n'
+        )
+
+    dropin("a.toml", "50-cpuset", "fail")
+    dropin("b.toml", "50-x", "fail")
+    dropin("c.toml", "60-x", "fail")
+    dropin("d.toml", "70-y", "ignore")
+    settings = apply_flags(Settings(), {"hooks": "cpuset", "plugins_dir": str(tmp_path)})
+    found = [(f.level, f.topic, f.message) for f in dropin_findings(settings)]
+    absent = "does not exist (is the plugin running?)"
+    assert found == [
+        (Level.ERROR, "plugins", f"{tmp_path}/a.toml name: 'cpuset' is already an in-process "
+         "hook (crihook ignores this file)"),
+        (Level.WARNING, "plugin 50-x", f"socket /run/absent/b.toml.sock {absent}"),
+        (Level.ERROR, "plugins", f"{tmp_path}/c.toml name: 'x' is already used by "
+         f"{tmp_path}/b.toml (crihook ignores this file)"),
+        (Level.NOTE, "plugin 70-y", f"socket /run/absent/d.toml.sock {absent}"),
+    ]  # fmt: skip
+    empty = replace(settings.chain, plugins_dir=tmp_path / "none")
+    assert [f.level for f in dropin_findings(replace(settings, chain=empty))] == [Level.NOTE]
