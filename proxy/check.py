@@ -32,6 +32,8 @@ from google.protobuf.message import DecodeError
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import cgroup_version
+from crihook.hooks.remote.client import check_socket
+from crihook.proxy.app import read_topology
 from crihook.proxy.config import (
     DEFAULT_CONFIG_PATH,
     HookSettings,
@@ -50,7 +52,9 @@ from crihook.proxy.kubelet_settings import (
     resolve_kubelet_settings,
     same_socket,
 )
+from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.methods import method_path
+from crihook.proxy.plugins import dropin_name_problem, parse_dropin
 from crihook.proxy.runtime_client import RuntimeClient
 
 __all__ = [
@@ -144,8 +148,6 @@ def _settings(args: argparse.Namespace, findings: list[Finding]) -> Settings | N
 
 
 def _node_findings(settings: Settings) -> list[Finding]:
-    from crihook.proxy.app import read_topology  # imports every part; only once the config is
-
     try:
         node = read_topology(settings)
     except ConfigError as exc:
@@ -162,8 +164,6 @@ def _node_findings(settings: Settings) -> list[Finding]:
 
 
 def _hook_findings(settings: Settings) -> list[Finding]:
-    from crihook.proxy.local_hooks import load_local_hook
-
     found = []
     for hook in settings.chain.hooks:
         try:
@@ -178,9 +178,6 @@ def _hook_findings(settings: Settings) -> list[Finding]:
 
 def dropin_findings(settings: Settings) -> list[Finding]:
     """Every drop-in parsed as crihook would load it, and its plugin's socket looked at."""
-    from crihook.hooks.remote.client import check_socket
-    from crihook.proxy.plugins import dropin_name_problem, parse_dropin
-
     directory = settings.chain.plugins_dir
     topic = "plugins"
     try:
