@@ -46,6 +46,7 @@ from crihook.proxy.server import build_server
 from crihook.proxy.sockets import prepare_listen_path, secure_socket
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.watchdog import keep_alive
 
 __all__ = ["App", "run"]
 
@@ -303,6 +304,7 @@ class App:
         self._tasks = [
             asyncio.create_task(self._become_ready(), name="crihook-become-ready"),
             asyncio.create_task(self._status_writer(), name="crihook-status-writer"),
+            asyncio.create_task(keep_alive(), name="crihook-watchdog"),
         ]
         try:
             await stop.wait()

@@ -1,5 +1,5 @@
 """Command line: `crihook serve` runs the proxy, `crihook state` shows what it knows,
-`crihook replay` runs a recording through the chain.
+`crihook replay` runs a recording through the chain, `crihook check` checks a node.
 
 Flags override the config file. Any bad setting or flag is one line on stderr naming it,
 and exit code 2.
@@ -128,7 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"),
         default="error", help="crihook's own log while replaying (default error)",
     )  # fmt: skip
-    parser._subcommands = {"serve": serve, "state": state, "replay": replay}
+    # Every flag of serve, shared (not copied), so the unit's ExecStart arguments can be
+    # checked as they are.
+    check = sub.add_parser(
+        "check",
+        parents=[serve],
+        add_help=False,
+        description="Validate the settings and plugin drop-ins, reach the runtime (version, "
+        "cgroup driver and version), and check kubelet's settings when given. Exit 0: ok; "
+        "1: warnings; 2: errors.",
+        help="check the settings, the runtime and kubelet's settings before serving; "
+        "exit 0 ok, 1 warnings, 2 errors",
+    )
+    check.add_argument(
+        "--kubelet-config", type=Path, help="kubelet's KubeletConfiguration file to check"
+    )
+    check.add_argument(
+        "--kubelet-flags",
+        metavar="ARGS",
+        help="kubelet's command line (one string) to check; its --config and --config-dir "
+        "are read too",
+    )
+    parser._subcommands = {"serve": serve, "state": state, "replay": replay, "check": check}
     return parser
 
 
@@ -153,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "check":
+            from crihook.proxy.check import check_command
+
+            return check_command(args, sys.stdout)
         if args.command == "replay":
             from crihook.proxy.replay_cli import replay_command
 

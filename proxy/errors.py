@@ -4,7 +4,6 @@
     ├── ConfigError                   a bad setting or flag; exit 2 at start
     ├── SocketInUseError              the listen socket is served by a live process
     ├── RuntimeUnavailable            the runtime cannot be reached (UNAVAILABLE)
-    ├── RequestInvalid                a request crihook must read does not parse (INVALID_ARGUMENT)
     ├── StateWriteError               crihook cannot persist what a hook reserved, so the call is
     │                                 not forwarded (RESOURCE_EXHAUSTED: disk full or quota;
     │                                 UNAVAILABLE: any other I/O error)
@@ -47,7 +46,6 @@ __all__ = [
     "HookRequired",
     "HookTimeout",
     "HookUnavailable",
-    "RequestInvalid",
     "RuntimeUnavailable",
     "SocketInUseError",
     "StateWriteError",
@@ -75,10 +73,6 @@ class SocketInUseError(CrihookError):
 
 class RuntimeUnavailable(CrihookError):
     status = grpc.StatusCode.UNAVAILABLE
-
-
-class RequestInvalid(CrihookError):
-    status = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class StateWriteError(CrihookError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from google.protobuf.message import Message
@@ -32,7 +31,6 @@ from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
 __all__ = [
     "ALLOWED_FIELDS",
-    "FieldChange",
     "Merger",
     "PendingUpdate",
     "apply_change",
@@ -88,18 +86,6 @@ class PendingUpdate(NamedTuple):
 def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
     """Updates a hook returned just now, numbered in the order hooks produced them."""
     return [PendingUpdate(hook, u, next(_ORDER)) for u in updates]
-
-
-@dataclass(frozen=True)
-class FieldChange:
-    """One applied change, for the audit: which hook set which field to what."""
-
-    hook: str
-    field: str
-    value: Any
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"hook": self.hook, "field": self.field, "value": jsonable(self.value)}
 
 
 def jsonable(value: Any) -> Any:
@@ -171,9 +157,6 @@ class Merger:
             return False
         mine, theirs = self._rank.get(challenger_base), self._rank.get(_base(owner))
         return mine is not None and (theirs is None or mine < theirs)
-
-    def audit(self) -> list[FieldChange]:
-        return [FieldChange(self.owners[k], describe_key(k), self.values[k]) for k in self.owners]
 
 
 def _base(hook: str) -> str:

@@ -622,8 +622,8 @@ class Pipeline:
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
-    """The store's audit entries of one call: per field, who set it to what (the dicts of
-    FieldChange.to_dict plus the call), built directly: this runs on every adjusted call.
+    """The store's audit entries of one call: per field, who set it to what (hook, field
+    and value, plus the call), built directly: this runs on every adjusted call.
     Changes a hook was not permitted to make are kept too, as `refused <hook>`."""
     now, name, values = time.time(), event.value, merger.values
     entries = {}

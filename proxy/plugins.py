@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from crihook.proxy.chain import Chain, ChainEntry
 from crihook.proxy.config import HookSettings, parse_hook_name, parse_hook_settings
 from crihook.proxy.errors import ConfigError
 
-__all__ = ["PluginDirectory", "parse_dropin"]
+__all__ = ["PluginDirectory", "dropin_name_problem", "parse_dropin"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,20 @@ def parse_dropin(path: Path, text: str) -> HookSettings:
         # The plugin protocol carries no options: a key here would silently do nothing.
         raise ConfigError(f"{where} {sorted(settings.options)[0]}", "unknown setting")
     return settings
+
+
+def dropin_name_problem(
+    path: Path, settings: HookSettings, reserved: set[str], loaded: Mapping[Path, HookSettings]
+) -> ConfigError | None:
+    """Why a drop-in's name cannot be used: an in-process hook's (`reserved`) or another
+    loaded drop-in's."""
+    base = settings.base_name
+    if base in reserved:
+        return ConfigError(f"{path} name", f"{base!r} is already an in-process hook")
+    for other_path, other in loaded.items():
+        if other_path != path and other.base_name == base:
+            return ConfigError(f"{path} name", f"{base!r} is already used by {other_path}")
+    return None
 
 
 @dataclass
@@ -115,12 +130,10 @@ class PluginDirectory:
             self.chain.set_plugins([item.entry for item in self.loaded.values()])
 
     def _check_name(self, path: Path, settings: HookSettings) -> None:
-        base = settings.base_name
-        if base in self.reserved:
-            raise ConfigError(f"{path} name", f"{base!r} is already an in-process hook")
-        for other_path, other in self.loaded.items():
-            if other_path != path and other.settings.base_name == base:
-                raise ConfigError(f"{path} name", f"{base!r} is already used by {other_path}")
+        loaded = {p: item.settings for p, item in self.loaded.items()}
+        problem = dropin_name_problem(path, settings, self.reserved, loaded)
+        if problem is not None:
+            raise problem
 
     def all_connected(self) -> bool:
         return all(item.entry.hook.connected for item in self.loaded.values())

@@ -55,7 +55,6 @@ class RuntimeClient:
             if settings.image_endpoint and settings.image_endpoint != settings.endpoint
             else self._runtime
         )
-        self.ready = False
         self.last_error = "not probed yet"
 
     def _channel(self, image_service: bool) -> grpc.aio.Channel:
@@ -117,7 +116,6 @@ class RuntimeClient:
                     if attempt in (1, 10) or attempt % 50 == 0:
                         log.warning("waiting for the runtime: %s", exc)
                     raise
-        self.ready = True
         log.info("runtime %s is answering", self.settings.endpoint)
 
     async def close(self, grace: float | None = None) -> None:

@@ -25,7 +25,14 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "Host", "LinuxHost", "expand_slice"]
+__all__ = [
+    "OOM_SCORE_ADJ_MAX",
+    "OOM_SCORE_ADJ_MIN",
+    "Host",
+    "LinuxHost",
+    "cgroup_version",
+    "expand_slice",
+]
 
 OOM_SCORE_ADJ_MIN = -1000
 OOM_SCORE_ADJ_MAX = 1000
@@ -215,3 +222,14 @@ def _with_path(exc: OSError, what: str, path: Path) -> OSError:
     # OSError(errno, msg) returns the errno's subclass (PermissionError, ...), so callers can
     # still tell the cause apart while the message names the file.
     return OSError(exc.errno, f"{what} {path}: {exc.strerror or exc}")
+
+
+def cgroup_version(cgroup_root: Path) -> int | None:
+    """2 when the unified hierarchy is mounted at ``cgroup_root`` (runc then uses cgroup v2),
+    1 when v1 hierarchies are (hybrid hosts included: runc places containers in v1 there),
+    None when ``cgroup_root`` holds neither (no cgroupfs there, or a sysfs fixture)."""
+    if (cgroup_root / "cgroup.controllers").is_file():
+        return 2
+    if any((cgroup_root / name).is_dir() for name in _V1_HIERARCHIES):
+        return 1
+    return None

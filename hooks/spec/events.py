@@ -17,10 +17,8 @@ from __future__ import annotations
 import enum
 
 __all__ = [
-    "CONTAINER_EVENTS",
     "HINT_EVENTS",
     "PLUGIN_STAGES",
-    "POD_EVENTS",
     "Event",
     "Stage",
     "stage_method_name",
@@ -71,16 +69,6 @@ _SNAKE = {
     Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
     Event.UPDATE_POD_SANDBOX_RESOURCES: "update_pod_sandbox_resources",
 }
-
-POD_EVENTS = frozenset(
-    {
-        Event.RUN_POD_SANDBOX,
-        Event.STOP_POD_SANDBOX,
-        Event.REMOVE_POD_SANDBOX,
-        Event.UPDATE_POD_SANDBOX_RESOURCES,
-    }
-)
-CONTAINER_EVENTS = frozenset(set(Event) - POD_EVENTS)
 
 
 def stage_method_name(event: Event, stage: Stage) -> str:

@@ -7,6 +7,9 @@ PACKAGES="containerd runc busybox-static containernetworking-plugins gcc libc6-d
 # For the peers that tests/lab/peers.py builds: runc's seccomp support links libseccomp
 # (found through pkg-config).
 PACKAGES="$PACKAGES libseccomp-dev pkg-config"
+# systemd-analyze, for `systemd-analyze verify` of systemd/ (tests/unit/test_systemd_units.py).
+# Installing the package does not make systemd the init of a container; it only adds files.
+PACKAGES="$PACKAGES systemd"
 
 missing=""
 for pkg in $PACKAGES; do

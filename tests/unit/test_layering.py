@@ -141,3 +141,11 @@ def test_the_check_catches_a_hook_importing_the_proxy(tmp_path: Path) -> None:
     _, allowed = _rule("crihook.hooks.remote.bad") or ("", ())
     assert not _allowed("crihook.proxy.config", allowed)
     assert _allowed("crihook.api.cri", allowed)
+
+
+def test_the_plugin_template_teaches_no_import_of_the_proxy() -> None:
+    # Plugin authors copy the template (code and README): it must show only what they may use.
+    template = ROOT / "hooks/examples/template"
+    texts = {p.name: p.read_text() for p in template.iterdir() if p.suffix in (".py", ".md")}
+    assert {"README.md", "__init__.py", "__main__.py"} <= set(texts)
+    assert [name for name, text in texts.items() if "crihook.proxy" in text] == []

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec.adjustment import REMOVE, Adjustment, Field, ResourceDelta
+from crihook.hooks.spec.adjustment import REMOVE, Adjustment, Field, ResourceDelta, describe_key
 from crihook.hooks.spec.events import Event
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
-from crihook.proxy.merge import ALLOWED_FIELDS, FieldChange, Merger, apply_change
+from crihook.proxy.merge import ALLOWED_FIELDS, Merger, apply_change, jsonable
 
 MiB = 1 << 20
 
@@ -649,7 +649,7 @@ def test_conflicting_adjustment_is_never_half_applied() -> None:
         merger.add("20-b", "b", loser)
     assert request == snapshot
     assert set(merger.owners.values()) == {"10-a"}
-    assert [c.field for c in merger.audit()] == ["annotation 'owned'"]
+    assert list(merger.owners) == [(Field.ANNOTATION, "owned")]
 
 
 def test_conflicting_adjustment_adds_no_updates() -> None:
@@ -717,7 +717,8 @@ def test_error_mode_does_not_consult_the_precedence_list() -> None:
         merger.add("20-a", "a", Adjustment().set_cpuset_cpus("2"))
 
 
-def test_audit_lists_owner_field_and_value() -> None:
+def test_owners_and_values_name_each_field() -> None:
+    # What the pipeline's audit is built from: per field, the hook that set it and the value.
     merger = Merger(Event.CREATE_CONTAINER, create_request(), "error", ())
     merger.add(
         "10-a",
@@ -725,26 +726,29 @@ def test_audit_lists_owner_field_and_value() -> None:
         Adjustment().set_cpuset_cpus("2-3").set_env("K", b"v").remove_label("keep"),
     )
     merger.add("20-b", "b", Adjustment().add_device("/dev/x", "/dev/y", "r"))
-    assert merger.audit() == [
-        FieldChange("10-a", "cpuset_cpus", "2-3"),
-        FieldChange("10-a", "env 'K'", b"v"),
-        FieldChange("10-a", "label 'keep'", REMOVE),
-        FieldChange("20-b", "device '/dev/x'", merger.values[(Field.DEVICE, "/dev/x")]),
+    assert merger.owners == {
+        (Field.CPUSET_CPUS, ""): "10-a",
+        (Field.ENV, "K"): "10-a",
+        (Field.LABEL, "keep"): "10-a",
+        (Field.DEVICE, "/dev/x"): "20-b",
+    }
+    assert [describe_key(k) for k in merger.owners] == [
+        "cpuset_cpus",
+        "env 'K'",
+        "label 'keep'",
+        "device '/dev/x'",
     ]
-    assert [c.to_dict() for c in merger.audit()] == [
-        {"hook": "10-a", "field": "cpuset_cpus", "value": "2-3"},
-        {"hook": "10-a", "field": "env 'K'", "value": "v"},
-        {"hook": "10-a", "field": "label 'keep'", "value": "<removed>"},
-        {
-            "hook": "20-b",
-            "field": "device '/dev/x'",
-            "value": {"container_path": "/dev/x", "host_path": "/dev/y", "permissions": "r"},
-        },
+    assert [jsonable(merger.values[k]) for k in merger.owners] == [
+        "2-3",
+        "v",
+        "<removed>",
+        {"container_path": "/dev/x", "host_path": "/dev/y", "permissions": "r"},
     ]
 
 
-def test_audit_after_precedence_override_names_the_winner() -> None:
+def test_owner_after_precedence_override_is_the_winner() -> None:
     merger = Merger(Event.CREATE_CONTAINER, create_request(), "precedence", ("a",))
     merger.add("10-x", "x", Adjustment().set_cpuset_cpus("1"))
     merger.add("20-a", "a", Adjustment().set_cpuset_cpus("2"))
-    assert merger.audit() == [FieldChange("20-a", "cpuset_cpus", "2")]
+    assert merger.owners == {(Field.CPUSET_CPUS, ""): "20-a"}
+    assert merger.values[(Field.CPUSET_CPUS, "")] == "2"

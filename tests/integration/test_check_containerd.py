@@ -1,0 +1,96 @@
+"""`crihook check` against the lab's real containerd, 1.6 and 2.x: the version and cgroup
+driver each reports (2.x through RuntimeConfig, 1.6 through Status's verbose info), the node's
+cgroup version, kubelet fixtures, and the exit codes, through the real command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+from tests.lab import cgroups
+from tests.lab.containerd import Containerd
+
+pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
+
+CONFIGS = Path(__file__).parents[1] / "unit" / "kubelet_configs"
+
+
+def crihook_check(*args: str) -> tuple[int, list[str]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "crihook", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == ""
+    return done.returncode, done.stdout.splitlines()
+
+
+def runtime_version(containerd: Containerd) -> str:
+    with grpc.insecure_channel(containerd.endpoint) as channel:
+        answer = api_pb2_grpc.RuntimeServiceStub(channel).Version(api_pb2.VersionRequest())
+    return answer.runtime_version
+
+
+def test_a_ready_node_is_exit_0(containerd: Containerd, tmp_path: Path) -> None:
+    code, lines = crihook_check(
+        "--runtime-endpoint", containerd.endpoint, "--image-endpoint", containerd.endpoint,
+        "--plugins-dir", str(tmp_path), "--hooks", "cpuset,numa,oom",
+        "--kubelet-config", str(CONFIGS / "crihook-ready.yaml"),
+    )  # fmt: skip
+    version = runtime_version(containerd)
+    assert version.startswith("1.6." if containerd.major == 1 else "2.")
+    assert f"ok       runtime: containerd {version} (CRI v1) at {containerd.endpoint}" in lines
+    # The lab's runc runs with SystemdCgroup = false; 2.x says so through RuntimeConfig.
+    source = (
+        "CRI RuntimeConfig"
+        if containerd.major == 2
+        else "Status info, runtime 'runc' SystemdCgroup"
+    )
+    assert f"ok       cgroup: driver cgroupfs ({source})" in lines
+    assert f"ok       cgroup: version {2 if cgroups.is_cgroup_v2() else 1}" in lines
+    assert [line for line in lines if line.startswith("ok       hook ")] == [
+        "ok       hook 20-cpuset: builds",
+        "ok       hook 30-numa: builds",
+        "ok       hook 40-oom: builds",
+    ]
+    assert f"ok       images: image service at {containerd.endpoint}" in lines
+    assert "ok       kubelet: runtime endpoint is crihook (unix:///run/crihook/crihook.sock)" in (
+        lines
+    )
+    assert not [line for line in lines if line.startswith(("warning", "error"))], lines
+    assert (code, lines[-1]) == (0, "crihook check: 0 error(s), 0 warning(s) (exit 0)")
+
+
+def test_kubelet_static_managers_and_a_missing_plugin_are_warnings(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    (tmp_path / "50-gone.toml").write_text(
+        'name = "50-gone"\nendpoint = "unix:///run/crihook-check-absent/gone.sock"\n'
+    )
+    code, lines = crihook_check(
+        "--runtime-endpoint", containerd.endpoint, "--plugins-dir", str(tmp_path),
+        "--kubelet-config", str(CONFIGS / "kubeadm-static.yaml"),
+        "--kubelet-flags", f"/usr/bin/kubelet --container-runtime-endpoint={containerd.endpoint}",
+    )  # fmt: skip
+    kubeadm = CONFIGS / "kubeadm-static.yaml"
+    expected = [
+        "warning  plugin 50-gone: socket /run/crihook-check-absent/gone.sock does not exist",
+        f"warning  kubelet: CPU manager policy is static ({kubeadm} cpuManagerPolicy)",
+        f"warning  kubelet: memory manager policy is Static ({kubeadm} memoryManagerPolicy)",
+        f"warning  kubelet: runtime endpoint {containerd.endpoint} (--container-runtime-endpoint)"
+        " is the runtime itself",
+        f"warning  kubelet: cgroup driver systemd ({kubeadm} cgroupDriver) is not the runtime's "
+        "(cgroupfs)",
+    ]
+    warnings = [line for line in lines if line.startswith("warning")]
+    assert len(warnings) == len(expected), warnings
+    for line, start in zip(warnings, expected, strict=True):
+        assert line.startswith(start), line
+    assert (code, lines[-1]) == (1, "crihook check: 0 error(s), 5 warning(s) (exit 1)")
