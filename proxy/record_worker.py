@@ -78,7 +78,10 @@ def encode_item(kind: str, payload: Any, redactor: Any) -> Any:
     if kind == "call":
         return encode_line(call_line(payload, redactor))
     if kind == "passthrough":
-        return encode_line(passthrough_line(*payload, redactor))
+        seq, path, request, response, status, started = payload
+        return encode_line(
+            passthrough_line(seq, path, request, response, status, started, redactor)
+        )
     return encode_line(payload)  # "header", "line": built already
 
 
