@@ -1,7 +1,8 @@
 """The composition root: builds every part from the settings and runs them.
 
 Start-up order: store loaded from disk → node topology read (`--sysfs-root`) → in-process
-hooks built and started (config errors stop here, exit 2) → socket bound and serving at once
+hooks built, metrics listening (`--metrics-listen`) and hooks started (config errors stop
+here, exit 2) → socket bound and serving at once
 (UNAVAILABLE until ready) → systemd told READY → runtime awaited with backoff → store
 reconciled with the runtime, container resources as the runtime reports them → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
@@ -289,6 +290,16 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
+        metrics_server = None
+        if self.metrics is not None:
+            assert settings.server.metrics_listen is not None
+            metrics_server = MetricsServer(
+                settings.server.metrics_listen,
+                self.metrics.collect,
+                settings.server.socket_mode,
+                settings.server.socket_group,
+            )
+            await metrics_server.start()  # ConfigError if it cannot listen: exit 2, nothing started
         for entry in self.chain.entries:
             await entry.hook.start()
         if self.recorder is not None:
@@ -299,16 +310,6 @@ class App:
                 settings.record.file,
                 " (secrets kept)" if settings.record.secrets else "",
             )
-        metrics_server = None
-        if self.metrics is not None:
-            assert settings.server.metrics_listen is not None
-            metrics_server = MetricsServer(
-                settings.server.metrics_listen,
-                self.metrics.collect,
-                settings.server.socket_mode,
-                settings.server.socket_group,
-            )
-            await metrics_server.start()  # a ConfigError if it cannot listen (exit 2)
         path = settings.server.socket_path
         prepare_listen_path(path)
         server = build_server(

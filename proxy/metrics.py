@@ -64,6 +64,7 @@ __all__ = [
     "Metrics",
     "Sources",
     "measured_handler",
+    "method_label",
 ]
 
 INTERCEPTED, PASSTHROUGH = "intercepted", "passthrough"
