@@ -5,6 +5,7 @@ the number of series stays the same however many pods come and go."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -382,6 +383,56 @@ def test_pool_gauges_follow_exclusive_cpus_and_numa_memory(pool_node: tuple[Node
         sum(value(after, "crihook_pool_memory_bytes", numa_node=n, **memory) for n in ("0", "1"))
         == 0
     )
+
+
+def test_device_pool_gauges_follow_what_containers_hold() -> None:
+    workdir = short_tmpdir("md-")
+    dev = workdir / "dev"
+    dev.mkdir()
+    for i in range(4):
+        os.mknod(dev / f"gpu{i}", 0o666 | 0o020000, os.makedev(1, 7))  # S_IFCHR, /dev/full's
+    gpus = ", ".join(f'{{ id = "{i}", path = "{dev}/gpu{i}" }}' for i in range(4))
+    config = (
+        f'[hooks.devices]\nnamespaces = ["default"]\n'
+        f"[hooks.devices.pools.gpu]\ndevices = [{gpus}]\n"
+    )
+    runtime = MemoryRuntime(workdir / "rt.sock").start()
+    address = f"unix://{workdir}/metrics.sock"
+    proc = CrihookProcess(
+        runtime.endpoint,
+        workdir,
+        config=config,
+        hooks="devices",
+        args=["--metrics-listen", address],
+    )
+    try:
+        proc.start()
+        before = scrape(address)
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            node = Node(
+                Topology.from_sysfs("/sys"), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
+            )
+            app = ContainerSpec(name="app", cpu_request=100, memory_request=GIB)
+            spec = PodSpec(
+                name="gpu",
+                containers=[app],
+                annotations={"pools.crihook.io/container.app": json.dumps({"gpu": 2})},
+            )
+            sandbox = node.run_pod(spec)
+            node.create(spec, sandbox, app)
+            held = scrape(address)
+            node.stub.RemovePodSandbox(
+                api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=10
+            )
+        after = scrape(address)
+    finally:
+        proc.kill()
+        runtime.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    pool = "crihook_pool_devices"
+    assert [value(before, pool, pool="gpu", state=s) for s in ("held", "free")] == [0, 4]
+    assert [value(held, pool, pool="gpu", state=s) for s in ("held", "free")] == [2, 2]
+    assert [value(after, pool, pool="gpu", state=s) for s in ("held", "free")] == [0, 4]
 
 
 # --- real containerd ----------------------------------------------------------------------------
