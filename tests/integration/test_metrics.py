@@ -231,6 +231,27 @@ def test_hook_timeouts_conflicts_and_breakers_are_counted(fake: FakeRuntime) -> 
     assert not fake.calls("CreateContainer")
 
 
+def test_streams_and_unknown_methods_are_counted_not_timed(fake: FakeRuntime) -> None:
+    fake.script["GetContainerEvents"] = Reply(stream=[b"", b""])
+    workdir = short_tmpdir("ms-")
+    address = f"unix://{workdir}/metrics.sock"
+    with CrihookProcess(fake.endpoint, workdir, args=["--metrics-listen", address]) as proc:
+        before = scrape(address)
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            events = channel.unary_stream(RUNTIME + "GetContainerEvents")(b"", timeout=10)
+            assert len(list(events)) == 2
+        # A method of a newer kubelet: forwarded, counted as `other` (no series per name).
+        assert _call(proc.endpoint, RUNTIME + "SomethingNew") == grpc.StatusCode.OK
+        assert _call(proc.endpoint, RUNTIME + "SomethingElse") == grpc.StatusCode.OK
+        after = scrape(address)
+    events_labels = {"method": "GetContainerEvents", "path": "passthrough"}
+    assert _delta(before, after, "crihook_cri_calls_total", **events_labels) == 1
+    assert value(after, "crihook_cri_call_duration_seconds_count", **events_labels) == 0
+    other = {"method": "other", "path": "passthrough"}
+    assert _delta(before, after, "crihook_cri_calls_total", **other) == 2
+    assert not any("Something" in str(labels) for _, labels in after)
+
+
 def _serve_exit(args: list[str], config: str | None = None) -> tuple[int, str]:
     proc = CrihookProcess("unix:///nonexistent/rt.sock", args=args, config=config)
     done = subprocess.run(proc.command(), capture_output=True, text=True, timeout=60)
