@@ -295,7 +295,7 @@ class App:
             assert settings.server.metrics_listen is not None
             metrics_server = MetricsServer(
                 settings.server.metrics_listen,
-                self.metrics.collect,
+                self.metrics.snapshot,
                 settings.server.socket_mode,
                 settings.server.socket_group,
             )

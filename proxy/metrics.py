@@ -10,8 +10,10 @@ Two kinds of figures:
   pools the built-in hooks keep (`Hook.usage`, see `hooks.spec.usage`), the store's size,
   failed updates to other containers, readiness and the build.
 
-`collect()` turns both into metric families on the loop (the state is the loop's; reading it
-from a thread would race with the calls); `proxy.metrics_http` renders them as text.
+`snapshot()` copies both on the loop (the state is the loop's; reading it from a thread
+would race with the calls), in plain dicts and tuples: cheap. `Snapshot.families()` builds
+the metric families from that copy, and `proxy.metrics_http` renders them as text, both in a
+worker thread.
 
 Labels are bounded: CRI method names (a method crihook does not know is `other`), status
 codes, hook names from the config, stages, verdicts, adjustment fields, pool names and NUMA
@@ -31,10 +33,10 @@ import platform
 import sys
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import grpc.aio
@@ -62,6 +64,7 @@ __all__ = [
     "PASSTHROUGH",
     "Histogram",
     "Metrics",
+    "Snapshot",
     "Sources",
     "measured_handler",
     "method_label",
@@ -119,14 +122,6 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1  # bucket i: value <= bounds[i]
         self.total += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative, as Prometheus wants them."""
-        out, running = [], 0
-        for bound, count in zip((*map(repr, self.bounds), "+Inf"), self.counts, strict=True):
-            running += count
-            out.append((bound, float(running)))
-        return out
 
 
 @dataclass(frozen=True)
@@ -195,33 +190,97 @@ class Metrics:
                     self._adjusted[(hook, "container_update")] += len(answer.updates)
 
     # --- read when scraped -------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """What is exported, copied now, on the loop (plain copies: cheap). The families are
+        built from it afterwards, in any thread."""
+        sources = self.sources
+        hooks = [
+            _HookFigures(
+                entry.name, dict(entry.counters), entry.breaker.state, entry.hook.connected
+            )
+            for entry in sources.chain.entries
+        ]
+        usage = [
+            figure
+            for entry in sources.chain.entries
+            if isinstance(entry.hook, LocalHook)
+            for figure in entry.hook.usage()
+        ]
+        return Snapshot(
+            calls=dict(self._calls),
+            errors=dict(self._errors),
+            latency={k: (tuple(h.counts), h.total) for k, h in self._latency.items()},
+            hook_runs=dict(self._hook_runs),
+            hook_latency={k: (tuple(h.counts), h.total) for k, h in self._hook_latency.items()},
+            adjusted=dict(self._adjusted),
+            hooks=hooks,
+            usage=usage,
+            pods=len(sources.store.pods),
+            containers=len(sources.store.containers),
+            update_failures=sources.update_failures(),
+            synchronize_failures=sources.synchronize_failures(),
+            ready=sources.readiness.ready,
+        )
+
     def collect(self) -> list[Metric]:
-        """Every family, built now (on the loop)."""
+        """Every family, now (a snapshot's families)."""
+        return self.snapshot().families()
+
+
+class _HookFigures(NamedTuple):
+    name: str
+    counters: dict[str, int]
+    breaker: str
+    connected: bool
+
+
+Counts = tuple[tuple[int, ...], float]
+"""A histogram's bucket counts (the last is +Inf) and its sum."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The figures of one scrape, detached from the loop's state."""
+
+    calls: dict[tuple[str, str], int]
+    errors: dict[tuple[str, str, str, str], int]
+    latency: dict[tuple[str, str], Counts]
+    hook_runs: dict[tuple[str, str, str], int]
+    hook_latency: dict[tuple[str, str], Counts]
+    adjusted: dict[tuple[str, str], int]
+    hooks: list[_HookFigures]
+    usage: list[PoolUsage]
+    pods: int
+    containers: int
+    update_failures: int
+    synchronize_failures: int
+    ready: bool
+
+    def families(self) -> list[Metric]:
         return [*self._call_families(), *self._hook_families(), *self._node_families()]
 
     def _call_families(self) -> Iterator[Metric]:
         calls = CounterMetricFamily(
             "crihook_cri_calls", "CRI calls kubelet made through crihook", labels=("method", "path")
         )
-        for (method, path), count in sorted(self._calls.items()):
-            calls.add_metric((method, path), count)
+        for key, count in sorted(self.calls.items()):
+            calls.add_metric(key, count)
         yield calls
         errors = CounterMetricFamily(
             "crihook_cri_errors",
             "CRI calls that ended with an error status, by code and by who ended them",
             labels=("method", "path", "code", "origin"),
         )
-        for labels, count in sorted(self._errors.items()):
+        for labels, count in sorted(self.errors.items()):
             errors.add_metric(labels, count)
         yield errors
-        latency = HistogramMetricFamily(
+        yield _histogram(
             "crihook_cri_call_duration_seconds",
             "How long unary CRI calls took in crihook, the runtime included",
-            labels=("method", "path"),
+            ("method", "path"),
+            CALL_BUCKETS,
+            self.latency,
         )
-        for key, histogram in sorted(self._latency.items()):
-            latency.add_metric(key, histogram.buckets(), histogram.total)
-        yield latency
 
     def _hook_families(self) -> Iterator[Metric]:
         runs = CounterMetricFamily(
@@ -229,31 +288,29 @@ class Metrics:
             "A hook's part in the stages of intercepted calls, by verdict",
             labels=("hook", "stage", "verdict"),
         )
-        for labels, count in sorted(self._hook_runs.items()):
-            runs.add_metric(labels, count)
+        for triple, count in sorted(self.hook_runs.items()):
+            runs.add_metric(triple, count)
         yield runs
-        latency = HistogramMetricFamily(
+        yield _histogram(
             "crihook_hook_duration_seconds",
             "How long a hook took per stage of an intercepted call",
-            labels=("hook", "stage"),
+            ("hook", "stage"),
+            HOOK_BUCKETS,
+            self.hook_latency,
         )
-        for key, histogram in sorted(self._hook_latency.items()):
-            latency.add_metric(key, histogram.buckets(), histogram.total)
-        yield latency
         adjusted = CounterMetricFamily(
             "crihook_hook_adjustments",
             "Adjustments applied, by the field they set (container_update: updates to "
             "other containers)",
             labels=("hook", "field"),
         )
-        for pair, count in sorted(self._adjusted.items()):
+        for pair, count in sorted(self.adjusted.items()):
             adjusted.add_metric(pair, count)
         yield adjusted
-        entries = self.sources.chain.entries
         for suffix, counter, about in _HOOK_COUNTERS:
             family = CounterMetricFamily(f"crihook_hook_{suffix}", about, labels=("hook",))
-            for entry in entries:
-                family.add_metric((entry.name,), entry.counters[counter])
+            for hook in self.hooks:
+                family.add_metric((hook.name,), hook.counters.get(counter, 0))
             yield family
         breaker = GaugeMetricFamily(
             "crihook_hook_breaker_state",
@@ -261,24 +318,23 @@ class Metrics:
             labels=("hook", "state"),
         )
         connected = GaugeMetricFamily(
-            "crihook_hook_connected", "1: the hook can be called (a plugin is connected)",
+            "crihook_hook_connected",
+            "1: the hook can be called (a plugin is connected)",
             labels=("hook",),
-        )  # fmt: skip
-        for entry in entries:
-            now = entry.breaker.state
+        )
+        for hook in self.hooks:
             for state in _BREAKER_STATES:
-                breaker.add_metric((entry.name, state), 1.0 if state == now else 0.0)
-            connected.add_metric((entry.name,), 1.0 if entry.hook.connected else 0.0)
+                breaker.add_metric((hook.name, state), 1.0 if state == hook.breaker else 0.0)
+            connected.add_metric((hook.name,), 1.0 if hook.connected else 0.0)
         yield breaker
         yield connected
 
     def _node_families(self) -> Iterator[Metric]:
-        sources = self.sources
         families = {
             resource: GaugeMetricFamily(name, about, labels=labels)
             for resource, (name, about, labels) in _USAGE_FAMILIES.items()
         }
-        for figure in self._usage():
+        for figure in self.usage:
             family = families.get(figure.resource)
             if family is None:
                 continue  # a resource this crihook does not know: not exported
@@ -292,23 +348,23 @@ class Metrics:
         store = GaugeMetricFamily(
             "crihook_store_objects", "Pods and containers in crihook's store", labels=("kind",)
         )
-        store.add_metric(("pod",), len(sources.store.pods))
-        store.add_metric(("container",), len(sources.store.containers))
+        store.add_metric(("pod",), self.pods)
+        store.add_metric(("container",), self.containers)
         yield store
         yield CounterMetricFamily(
             "crihook_container_update_failures",
             "Updates to other containers (UpdateContainerResources for hooks) that failed",
-            value=sources.update_failures(),
+            value=self.update_failures,
         )
         yield CounterMetricFamily(
             "crihook_synchronize_failures",
             "Hook synchronizes (start, reconcile) that failed",
-            value=sources.synchronize_failures(),
+            value=self.synchronize_failures,
         )
         yield GaugeMetricFamily(
             "crihook_ready",
             "1: crihook forwards calls (the runtime answered and the store is reconciled)",
-            value=1.0 if sources.readiness.ready else 0.0,
+            value=1.0 if self.ready else 0.0,
         )
         info = GaugeMetricFamily(
             "crihook_build_info",
@@ -318,10 +374,23 @@ class Metrics:
         info.add_metric((__version__, platform.python_version(), sys.implementation.name), 1.0)
         yield info
 
-    def _usage(self) -> Iterable[PoolUsage]:
-        for entry in self.sources.chain.entries:
-            if isinstance(entry.hook, LocalHook):
-                yield from entry.hook.usage()
+
+def _histogram(
+    name: str,
+    about: str,
+    labels: tuple[str, ...],
+    bounds: Sequence[float],
+    histograms: dict[Any, Counts],
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, about, labels=labels)
+    names = (*map(repr, bounds), "+Inf")
+    for key, (counts, total) in sorted(histograms.items()):
+        cumulative, running = [], 0
+        for bound, count in zip(names, counts, strict=True):
+            running += count
+            cumulative.append((bound, float(running)))
+        family.add_metric(key, cumulative, total)
+    return family
 
 
 # --- the grpc.aio data path: pass-through calls ------------------------------------------------

@@ -4,9 +4,9 @@ One small asyncio server for both address kinds, on crihook's event loop: no thr
 connection and no blocking I/O on the loop. Why not prometheus_client's own servers: they
 cannot listen on a unix socket, and they would collect from their own thread while the loop
 changes what is collected (the hooks' pools, the counters), which needs locks on the call
-path. Here the families are built on the loop (bounded cardinality keeps that short), and
-only their rendering as text, which touches nothing of crihook's, runs in a worker thread
-together with the process figures (read from /proc).
+path. Here each scrape copies the figures on the loop (plain dicts: a fraction of a
+millisecond), and the families are built from that copy and rendered as text in a worker
+thread, together with the process figures (read from /proc).
 
 Each connection carries one request and is closed after the answer (Prometheus opens a new
 one per scrape anyway). A request that is not `GET`/`HEAD /metrics` gets 404 or 405; one
@@ -22,6 +22,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
@@ -49,30 +50,36 @@ def split_address(address: str) -> tuple[Path | None, str, int]:
     return None, host.removeprefix("[").removesuffix("]"), int(port)
 
 
-class _Scrape(Collector):
-    """The families built on the loop, then the process figures."""
+class Snapshot(Protocol):
+    """The figures of one scrape, taken on the loop; `families()` may run in any thread."""
 
-    def __init__(self, families: Iterable[Metric], process: ProcessCollector) -> None:
-        self._families = families
+    def families(self) -> Iterable[Metric]: ...
+
+
+class _Scrape(Collector):
+    """A snapshot's families, then the process figures (in the worker thread)."""
+
+    def __init__(self, snapshot: Snapshot, process: ProcessCollector) -> None:
+        self._snapshot = snapshot
         self._process = process
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._families
+        yield from self._snapshot.families()
         yield from self._process.collect()
 
 
 class MetricsServer:
-    """Serves `collect()` (called on the loop, per scrape) on `address`."""
+    """Serves what `snapshot()` (called on the loop, per scrape) holds on `address`."""
 
     def __init__(
         self,
         address: str,
-        collect: Callable[[], Iterable[Metric]],
+        snapshot: Callable[[], Snapshot],
         socket_mode: int = 0o660,
         socket_group: str | None = None,
     ) -> None:
         self.address = address
-        self._collect = collect
+        self._snapshot = snapshot
         self._mode = socket_mode
         self._group = socket_group
         self._server: asyncio.Server | None = None
@@ -152,6 +159,6 @@ class MetricsServer:
             if name.strip().lower() == "accept":
                 accept = value.strip()
         encoder, content_type = choose_encoder(accept)
-        scrape = _Scrape(self._collect(), self._process)  # the loop's state, read on the loop
+        scrape = _Scrape(self._snapshot(), self._process)  # the loop's state, copied on the loop
         body = await asyncio.to_thread(encoder, scrape)
         return "200 OK", content_type, body, verb == "HEAD"

@@ -13,7 +13,7 @@ from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, Resour
 from crihook.proxy.call_log import call_fields
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import ChainSettings
-from crihook.proxy.metrics import Histogram, Metrics, Sources, method_label
+from crihook.proxy.metrics import Histogram, Metrics, Sources, _histogram, method_label
 from crihook.proxy.outcome import Outcome, Status
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.store import Store
@@ -36,9 +36,11 @@ def test_histogram_bucket(observed: float, counts: list[int]) -> None:
     histogram = Histogram((0.1, 1.0, 5.0))
     histogram.observe(observed)
     assert histogram.counts == counts
-    cumulative = [n for _, n in histogram.buckets()]
-    assert cumulative == [float(sum(counts[: i + 1])) for i in range(4)]
-    assert histogram.buckets()[-1][0] == "+Inf"
+    family = _histogram("h", "h", ("k",), (0.1, 1.0, 5.0), {("v",): (tuple(counts), observed)})
+    buckets = [(s.labels["le"], s.value) for s in family.samples if s.name == "h_bucket"]
+    assert buckets == [
+        (le, float(sum(counts[: i + 1]))) for i, le in enumerate(("0.1", "1.0", "5.0", "+Inf"))
+    ]
 
 
 @pytest.mark.parametrize(
