@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 from collections.abc import Iterator
 
@@ -86,6 +87,10 @@ def test_unix_socket_series_move_with_pass_through_and_intercepted_calls(
             grpc.StatusCode.INVALID_ARGUMENT
         )
         after = scrape(address)
+        metrics_socket = workdir / "metrics.sock"
+        assert stat.S_IMODE(metrics_socket.stat().st_mode) == 0o660  # as kubelet's socket
+        assert proc.stop() == 0
+        assert not metrics_socket.exists()
         log = proc.log()
 
     calls, errors = "crihook_cri_calls_total", "crihook_cri_errors_total"
