@@ -120,6 +120,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         targets=True,
     ),
     Scenario(
+        name="hooks-none-metrics",
+        args=("--hooks", "none", "--metrics-listen", "unix://{dir}/metrics.sock"),
+        about="hooks-none with Prometheus metrics on (--metrics-listen; not scraped during "
+        "the cell): against hooks-none, what counting every call costs. Not measured by "
+        "default",
+        default=False,
+    ),
+    Scenario(
         name="hooks-4",
         args=(),
         config=_annotate_hooks(4),

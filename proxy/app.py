@@ -1,7 +1,8 @@
 """The composition root: builds every part from the settings and runs them.
 
 Start-up order: store loaded from disk → node topology read (`--sysfs-root`) → in-process
-hooks built and started (config errors stop here, exit 2) → socket bound and serving at once
+hooks built, metrics listening (`--metrics-listen`) and hooks started (config errors stop
+here, exit 2) → socket bound and serving at once
 (UNAVAILABLE until ready) → systemd told READY → runtime awaited with backoff → store
 reconciled with the runtime, container resources as the runtime reports them → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
@@ -18,7 +19,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc.aio
@@ -29,12 +30,16 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Host, HostFiles, LinuxFiles, LinuxHost, Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.proxy import sdnotify
+from crihook.proxy.call_log import CallLog
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import Settings
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
+from crihook.proxy.metrics import Metrics, Sources
+from crihook.proxy.metrics_http import MetricsServer
 from crihook.proxy.observe import ObservedFiles, ObservedHost, ObservedQueries
+from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
@@ -98,9 +103,27 @@ class App:
             settings.node.topology_scope,
             files=files,
         )
+        self.metrics: Metrics | None = None
+        if settings.server.metrics_listen is not None:
+            self.metrics = Metrics(
+                Sources(
+                    self.chain,
+                    self.store,
+                    self.readiness,
+                    lambda: self.pipeline.updater.failures,
+                    lambda: self.sync.failures,
+                )
+            )
+        # Who hears each intercepted call's outcome; with none, calls skip the tracing.
+        listeners: list[Callable[[Outcome], None]] = []
         if self.recorder is not None:
-            self.pipeline.on_outcome = self.recorder.call
+            listeners.append(self.recorder.call)
             self.sync.on_sync = self._record_sync
+        if self.metrics is not None:
+            listeners.append(self.metrics.outcome)
+        if logging.getLogger("crihook.proxy.call_log").isEnabledFor(logging.INFO):
+            listeners.append(CallLog().outcome)
+        self.pipeline.on_outcome = _tell_all(listeners)
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
@@ -268,6 +291,16 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
+        metrics_server = None
+        if self.metrics is not None:
+            assert settings.server.metrics_listen is not None
+            metrics_server = MetricsServer(
+                settings.server.metrics_listen,
+                self.metrics.snapshot,
+                settings.server.socket_mode,
+                settings.server.socket_group,
+            )
+            await metrics_server.start()  # ConfigError if it cannot listen: exit 2, nothing started
         for entry in self.chain.entries:
             await entry.hook.start()
         if self.recorder is not None:
@@ -287,6 +320,7 @@ class App:
             settings.server.max_message_bytes,
             observers={"RestorePod": self._restored},
             recorder=self.recorder if settings.record.all else None,
+            metrics=self.metrics,
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
@@ -332,9 +366,25 @@ class App:
                 await self.recorder.close()
             await self.store.close()
             await self.runtime.close()
+            if metrics_server is not None:
+                await metrics_server.close()
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             log.info("stopped")
+
+
+def _tell_all(
+    listeners: Sequence[Callable[[Outcome], None]],
+) -> Callable[[Outcome], None] | None:
+    """One `on_outcome` for every listener; None when there is none."""
+    if len(listeners) <= 1:
+        return listeners[0] if listeners else None
+
+    def tell(outcome: Outcome) -> None:
+        for listener in listeners:
+            listener(outcome)
+
+    return tell
 
 
 def read_topology(settings: Settings) -> Topology:

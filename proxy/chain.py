@@ -51,6 +51,7 @@ from crihook.hooks.spec import (
 from crihook.hooks.spec.adjustment import describe_key
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
+    HookConflict,
     HookError,
     HookForbidden,
     HookInvalidAdjustment,
@@ -341,7 +342,13 @@ class Chain:
                     continue
                 # Global dry-run: later hooks still see the adjusted request, so the log shows
                 # what the whole chain would do; the pipeline forwards the original bytes.
-            merger.add(entry.name, entry.base_name, adjustment)
+            try:
+                merger.add(entry.name, entry.base_name, adjustment)
+            except HookConflict as exc:
+                entry.counters["conflicts"] += 1
+                if trace is not None:  # not applied after all: the run ended the call
+                    trace[-1] = (*trace[-1][:2], "failed", str(exc), *trace[-1][4:])
+                raise
         return merger
 
     async def run_validate(
@@ -590,6 +597,7 @@ class Chain:
             entry.counters["rejected"] += 1
             raise HookRejected(entry.name, f"rejected {event.value}: {exc.reason}") from exc
         except TimeoutError as exc:
+            entry.counters["timeouts"] += 1
             error: HookError = HookTimeout(
                 entry.name,
                 f"no answer to {stage.value}-{event.value} within {ctx.timeout * 1000:.0f} ms",

@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep env values and secret-looking annotations in the recording",
     )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="ADDR",
+        help="serve Prometheus metrics (GET /metrics) on unix:///path or HOST:PORT (default: off)",
+    )
     serve.add_argument("--log-format", choices=("plain", "json"))
     serve.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error"))
 

@@ -30,6 +30,7 @@ __all__ = [
     "Settings",
     "expand_hook_name",
     "load_config",
+    "metrics_address",
     "normalize_endpoint",
     "parse_hook_name",
 ]
@@ -68,6 +69,9 @@ class ServerSettings:
     """The largest request crihook accepts from kubelet (a bigger one gets RESOURCE_EXHAUSTED
     and is not forwarded): kubelet's own 16 MiB limit plus headroom. Answers from the runtime
     are not limited (kubelet applies its own limit to them)."""
+    metrics_listen: str | None = None
+    """Where Prometheus metrics are served (`GET /metrics`): `unix:///path` or `HOST:PORT`
+    (`127.0.0.1:9464`, `[::1]:9464`, `0.0.0.0:9464`); None: no metrics."""
 
     @property
     def socket_path(self) -> Path:
@@ -225,6 +229,30 @@ def normalize_endpoint(setting: str, value: object) -> str:
     return "unix://" + path
 
 
+def metrics_address(setting: str, value: object) -> str:
+    """`unix:///path` or `HOST:PORT` (an IPv6 host in brackets); anything else is a
+    ConfigError naming the setting."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(setting, "must be unix:///path or HOST:PORT, like 127.0.0.1:9464")
+    if value.startswith("unix:"):
+        return normalize_endpoint(setting, value)
+    host, sep, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if (
+        not sep
+        or not host
+        or "/" in value
+        or (":" in host and not bracketed)
+        or not port.isdigit()
+        or int(port) > 65535
+    ):
+        raise ConfigError(
+            setting,
+            f"{value!r} is neither unix:///path nor HOST:PORT (127.0.0.1:9464, [::1]:9464)",
+        )
+    return f"{host}:{int(port)}"
+
+
 def parse_hook_name(setting: str, name: object) -> str:
     if not isinstance(name, str) or not _HOOK_NAME.match(name):
         raise ConfigError(setting, f"{name!r} is not NN-name (two digits, dash, lower-case name)")
@@ -266,6 +294,7 @@ _TOP_KEYS = {
     "plugins_dir",
     "log_format",
     "log_level",
+    "metrics_listen",
     "dry_run",
     "shutdown_grace_seconds",
     "max_message_bytes",
@@ -508,6 +537,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         )
     if "max_message_bytes" in doc:
         server["max_message_bytes"] = _message_size("max_message_bytes", doc["max_message_bytes"])
+    if "metrics_listen" in doc:
+        server["metrics_listen"] = metrics_address("metrics_listen", doc["metrics_listen"])
     if "runtime_endpoint" in doc:
         runtime["endpoint"] = normalize_endpoint("runtime_endpoint", doc["runtime_endpoint"])
     if "image_endpoint" in doc:
@@ -571,6 +602,10 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         server = replace(
             server,
             max_message_bytes=_message_size("--max-message-bytes", flags["max_message_bytes"]),
+        )
+    if flags.get("metrics_listen") is not None:
+        server = replace(
+            server, metrics_listen=metrics_address("--metrics-listen", flags["metrics_listen"])
         )
     if flags.get("runtime_endpoint") is not None:
         runtime = replace(

@@ -47,6 +47,8 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
     }
     if server.socket_group is not None:
         doc["socket_group"] = server.socket_group
+    if server.metrics_listen is not None:
+        doc["metrics_listen"] = server.metrics_listen
     if runtime.image_endpoint is not None:
         doc["image_endpoint"] = runtime.image_endpoint
     return doc

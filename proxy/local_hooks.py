@@ -13,6 +13,7 @@ from crihook.hooks.spec import (
     Event,
     Hook,
     HookContext,
+    PoolUsage,
     ResourceHints,
     Stage,
     SyncContext,
@@ -58,6 +59,10 @@ class LocalHook:
 
     async def close(self) -> None:
         await self.impl.close()
+
+    def usage(self) -> Sequence[PoolUsage]:
+        """The hook's pool figures (`Hook.usage`), for metrics."""
+        return self.impl.usage()
 
 
 def load_local_hook(settings: HookSettings) -> LocalHook:

@@ -1,8 +1,9 @@
 """Logging set-up: one line per record, plain or JSON, to stderr (journald picks it up).
 
 Code logs through `logging.getLogger(__name__)` and passes pod/container facts as `extra`
-fields (`pod`, `container`, `hook`, `method`); the JSON format emits them as keys and the
-plain format appends them as `key=value`.
+fields (`pod`, `container`, `hook`, `method`; the line of each intercepted call adds `hooks`,
+`outcome`, `origin`, `elapsed_ms`: see `call_log`); the JSON format emits them as keys and
+the plain format appends them as `key=value`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from typing import Any
 __all__ = ["CONTEXT_KEYS", "configure_logging"]
 
 # Extra fields that are shown when a record carries them.
-CONTEXT_KEYS = ("method", "pod", "container", "hook", "field", "elapsed_ms")
+CONTEXT_KEYS = (
+    "method",
+    "pod",
+    "container",
+    "hook",
+    "field",
+    "hooks",
+    "outcome",
+    "origin",
+    "elapsed_ms",
+)
 
 
 class _PlainFormatter(logging.Formatter):

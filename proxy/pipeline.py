@@ -252,7 +252,6 @@ class Pipeline:
         if not self.readiness.ready:
             outcome.ready = False
             return _refused(outcome, grpc.StatusCode.UNAVAILABLE, self.readiness.reason)
-        started = time.perf_counter()
         spec = INTERCEPTED[event]
         try:
             request = spec.request.FromString(raw)
@@ -290,10 +289,7 @@ class Pipeline:
                     forwarded, timeout=timeout, metadata=outcome.metadata
                 )
             except RuntimeCallFailed as err:
-                code = err.status.code
-                log.info(
-                    "%s failed in the runtime: %s", event.value, code.name, extra=call.describe()
-                )
+                code = err.status.code  # logged with the call (proxy.call_log)
                 if code in _UNKNOWN_OUTCOME:
                     self._outcome_unknown(call)
                 else:
@@ -319,17 +315,7 @@ class Pipeline:
             # After the runtime acted a write failure never turns its success into an error:
             # the store keeps it in memory and retries in the background.
             self.store.write_behind()
-        if log.isEnabledFor(logging.INFO):  # don't build the record's extras for nothing
-            log.info(
-                "%s ok%s",
-                event.value,
-                " (adjusted)" if changed else "",
-                extra={
-                    **call.describe(),
-                    "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-                },
-            )
-        return outcome
+        return outcome  # its log line: proxy.call_log
 
     async def _failed(
         self, call: _Call, ran: list[str], failure: str, trace: list[Any] | None = None

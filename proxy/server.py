@@ -19,6 +19,7 @@ import grpc.aio
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.metrics import OTHER_METHOD, Metrics, measured_handler
 from crihook.proxy.passthrough import (
     Observer,
     PassthroughRecord,
@@ -75,9 +76,12 @@ def intercepted_handler(pipeline: Pipeline, event: Event) -> grpc.RpcMethodHandl
 class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
     """Forwards any method the compiled API does not have, whatever its cardinality."""
 
-    def __init__(self, runtime: RuntimeClient, readiness: Readiness) -> None:
+    def __init__(
+        self, runtime: RuntimeClient, readiness: Readiness, metrics: Metrics | None = None
+    ) -> None:
         self._runtime = runtime
         self._readiness = readiness
+        self._metrics = metrics
         self._cache: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -86,6 +90,8 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
         if handler is None:
             image = method.startswith(f"/{CRI_PACKAGE}.ImageService/")
             handler = stream_stream_handler(self._runtime, method, image, self._readiness)
+            if self._metrics is not None:
+                handler = measured_handler(handler, OTHER_METHOD, self._metrics)
             self._cache[method] = handler
         return handler
 
@@ -97,10 +103,12 @@ def build_server(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     observers: Mapping[str, Observer] | None = None,
     recorder: Any = None,
+    metrics: Metrics | None = None,
 ) -> grpc.aio.Server:
     """`observers`: method name (`RestorePod`) → told the runtime's answer to a forwarded
     call that succeeded; the bytes pass unchanged. `recorder` (`--record-all`): its
-    `passthrough` is told every unary call forwarded as bytes."""
+    `passthrough` is told every unary call forwarded as bytes. `metrics`: told how every
+    forwarded call ended (intercepted ones are counted from their outcome)."""
     record: PassthroughRecord | None = recorder.passthrough if recorder is not None else None
     server = grpc.aio.server(options=server_options(max_message_bytes))
     intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
@@ -116,8 +124,10 @@ def build_server(
         else:
             observer = (observers or {}).get(method.name)
             handler = unary_handler(runtime, method.path, image, readiness, observer, record)
+        if metrics is not None and method.path not in intercepted:
+            handler = measured_handler(handler, method.name, metrics)
         by_service.setdefault(method.service, {})[method.name] = handler
     for service, handlers in by_service.items():
         server.add_registered_method_handlers(service, handlers)
-    server.add_generic_rpc_handlers([_UnknownMethods(runtime, readiness)])
+    server.add_generic_rpc_handlers([_UnknownMethods(runtime, readiness, metrics)])
     return server

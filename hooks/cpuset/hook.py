@@ -57,6 +57,7 @@ from crihook.hooks.spec import (
     HookContext,
     InvalidRequest,
     PodView,
+    PoolUsage,
     Reject,
     ResourceDelta,
     ResourceHints,
@@ -114,6 +115,19 @@ class CpusetHook(Hook):
             format_cpu_list(pool.reserved) or "none",
         )
         return updates
+
+    def usage(self) -> list[PoolUsage]:
+        """CPUs held exclusively (containers, bubbles, reservations), in the node's shared
+        pool, and reserved for the system (`reserved` CPUs are in the shared pool too unless
+        `strict_reservation`)."""
+        pool = self._pool
+        if pool is None:
+            return []
+        return [
+            PoolUsage("cpu", "exclusive", value=len(pool.held())),
+            PoolUsage("cpu", "shared", value=len(pool.shared_pool())),
+            PoolUsage("cpu", "reserved", value=len(pool.reserved)),
+        ]
 
     @property
     def pool(self) -> CpuPool:

@@ -51,6 +51,7 @@ from crihook.hooks.spec import (
     HookContext,
     InvalidRequest,
     PodView,
+    PoolUsage,
     Reject,
     ResourceHints,
     SyncContext,
@@ -110,6 +111,18 @@ class DevicesHook(Hook):
                 "devices: pool %s: %d of %d device(s) free", pool.name, free, len(pool.devices)
             )
         return ()
+
+    def usage(self) -> list[PoolUsage]:
+        """Per device pool: devices held by containers (or reserved for one being created)
+        and free."""
+        if self._book is None:
+            return []
+        figures = []
+        for pool in self.policy.pools.values():
+            free = len(self._book.available(pool.name))
+            figures.append(PoolUsage("device", pool.name, "held", value=len(pool.devices) - free))
+            figures.append(PoolUsage("device", pool.name, "free", value=free))
+        return figures
 
     @property
     def book(self) -> PoolBook:

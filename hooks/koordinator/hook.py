@@ -54,6 +54,7 @@ from crihook.hooks.spec import (
     HookContext,
     InvalidRequest,
     PodView,
+    PoolUsage,
     Reject,
     ResourceHints,
     SyncContext,
@@ -80,6 +81,10 @@ class KoordinatorHook(Hook):
     @property
     def ledger(self) -> CpusetHook | None:
         return self._cpus
+
+    def usage(self) -> Sequence[PoolUsage]:
+        """The CPU ledger's pools, when this hook places CPUs."""
+        return self._cpus.usage() if self._cpus is not None else ()
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:

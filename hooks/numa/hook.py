@@ -51,6 +51,7 @@ from crihook.hooks.spec import (
     HookContext,
     HookState,
     PodView,
+    PoolUsage,
     QoSClass,
     Reject,
     ResourceDelta,
@@ -325,6 +326,22 @@ class NumaHook(Hook):
                 release(self._memory, ContainerRef(ctx.pod.id, name))
             self._save()
         return None
+
+    def usage(self) -> list[PoolUsage]:
+        """Per NUMA node and kind of memory: bytes allocatable to containers, assigned to
+        them, and free (kubelet's memory manager table)."""
+        if self._memory is None:
+            return []
+        figures = []
+        for node, state in self._memory.nodes.items():
+            for resource, table in sorted(state.memory.items()):
+                for what, value in (
+                    ("allocatable", table.allocatable),
+                    ("assigned", table.reserved),
+                    ("free", table.free),
+                ):
+                    figures.append(PoolUsage("memory", resource, what, str(node), value))
+        return figures
 
     # --- helpers -----------------------------------------------------------------------------
     @property

@@ -26,6 +26,7 @@ from crihook.hooks.spec.hook import (
     SyncContext,
     subscriptions_of,
 )
+from crihook.hooks.spec.usage import PoolUsage
 from crihook.hooks.spec.views import (
     ContainerKind,
     ContainerState,
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidRequest",
     "Mount",
     "PodView",
+    "PoolUsage",
     "QoSClass",
     "Reject",
     "ResourceDelta",

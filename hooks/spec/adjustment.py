@@ -101,6 +101,7 @@ class _Remove:
 
 
 REMOVE: Any = _Remove()
+_SECRET = "<redacted>"
 
 
 def describe_key(key: FieldKey) -> str:
@@ -184,7 +185,11 @@ class Adjustment:
         return self._changes == other._changes and self._updates == other._updates
 
     def __repr__(self) -> str:
-        parts = [f"{describe_key(k)}={v!r}" for k, v in self._changes.items()]
+        # What logs show: an env value may be a secret, so only its name is shown.
+        parts = [
+            f"{describe_key(k)}={_SECRET if k[0] is Field.ENV and v is not REMOVE else repr(v)}"
+            for k, v in self._changes.items()
+        ]
         parts += [
             f"update {u.container_id[:12]} {dict(u.resources.items())}" for u in self._updates
         ]

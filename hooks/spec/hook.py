@@ -35,6 +35,7 @@ from google.protobuf.message import Message
 from crihook.hooks.spec.adjustment import Adjustment, ContainerUpdate
 from crihook.hooks.spec.events import Event, Stage, stage_of_method
 from crihook.hooks.spec.hints import ResourceHints, TopologyHint
+from crihook.hooks.spec.usage import PoolUsage
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
 if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the spec
@@ -197,6 +198,12 @@ class Hook:
 
     async def close(self) -> None:
         """Called once at shutdown."""
+
+    def usage(self) -> Sequence[PoolUsage]:
+        """The node pools the hook keeps, for crihook's metrics (see `hooks.spec.usage`):
+        asked on the event loop when metrics are scraped; quick, never blocking. None by
+        default."""
+        return ()
 
 
 def subscriptions_of(hook: object) -> frozenset[tuple[Event, Stage]]:

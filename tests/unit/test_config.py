@@ -139,6 +139,30 @@ VALID_TOP = [
     ("state_dir", {"state_dir": "/var/lib/x"}, "state_dir", Path("/var/lib/x")),
     ("plugins_dir", {"plugins_dir": "/etc/x.d"}, "chain.plugins_dir", Path("/etc/x.d")),
     ("log_format", {"log_format": "json"}, "log_format", "json"),
+    (
+        "metrics_listen-unix",
+        {"metrics_listen": "unix:///run/crihook/metrics.sock"},
+        "server.metrics_listen",
+        "unix:///run/crihook/metrics.sock",
+    ),
+    (
+        "metrics_listen-ipv4",
+        {"metrics_listen": "127.0.0.1:9464"},
+        "server.metrics_listen",
+        "127.0.0.1:9464",
+    ),
+    (
+        "metrics_listen-ipv6",
+        {"metrics_listen": "[::1]:9464"},
+        "server.metrics_listen",
+        "[::1]:9464",
+    ),
+    (
+        "metrics_listen-name",
+        {"metrics_listen": "localhost:09464"},
+        "server.metrics_listen",
+        "localhost:9464",
+    ),
     ("log_level-upper", {"log_level": "WARNING"}, "log_level", "warning"),
     ("dry_run", {"dry_run": True}, "chain.dry_run", True),
     (
@@ -229,6 +253,14 @@ INVALID_TOP = [
     ("plugins_dir-relative", {"plugins_dir": "hooks.d"}, "plugins_dir"),
     ("log_format", {"log_format": "xml"}, "log_format"),
     ("log_level", {"log_level": "trace"}, "log_level"),
+    ("metrics_listen-port-only", {"metrics_listen": "9464"}, "metrics_listen"),
+    ("metrics_listen-no-host", {"metrics_listen": ":9464"}, "metrics_listen"),
+    ("metrics_listen-url", {"metrics_listen": "http://127.0.0.1:9464"}, "metrics_listen"),
+    ("metrics_listen-bare-ipv6", {"metrics_listen": "::1:9464"}, "metrics_listen"),
+    ("metrics_listen-port-too-big", {"metrics_listen": "127.0.0.1:65536"}, "metrics_listen"),
+    ("metrics_listen-relative-unix", {"metrics_listen": "unix://m.sock"}, "metrics_listen"),
+    ("metrics_listen-int", {"metrics_listen": 9464}, "metrics_listen"),
+    ("metrics_listen-empty", {"metrics_listen": ""}, "metrics_listen"),
     ("dry_run-string", {"dry_run": "yes"}, "dry_run"),
     ("dry_run-int", {"dry_run": 1}, "dry_run"),
     ("shutdown_grace_seconds-zero", {"shutdown_grace_seconds": 0}, "shutdown_grace_seconds"),
@@ -557,6 +589,7 @@ def test_flags_override_the_file() -> None:
             "log_format": "json",
             "log_level": "DEBUG",
             "max_message_bytes": 16 * 1024 * 1024,
+            "metrics_listen": "[::]:9464",
         },
     )
     assert settings.server.listen == "unix:///run/flag.sock"
@@ -566,6 +599,7 @@ def test_flags_override_the_file() -> None:
     assert settings.state_dir == Path("/var/lib/flag")
     assert (settings.log_format, settings.log_level) == ("json", "debug")
     assert settings.server.max_message_bytes == 16 * 1024 * 1024
+    assert settings.server.metrics_listen == "[::]:9464"
     # What no flag named stays as the file said.
     assert settings.chain.dry_run is True
     assert [h.name for h in settings.chain.hooks] == ["10-a", "20-c"]
@@ -584,6 +618,7 @@ def test_absent_flags_change_nothing() -> None:
         "log_format": None,
         "log_level": None,
         "max_message_bytes": None,
+        "metrics_listen": None,
     }
     assert apply_flags(base, flags) == base
     assert apply_flags(base, {}) == base
@@ -605,6 +640,7 @@ def test_dry_run_flag_turns_dry_run_on() -> None:
         ({"log_format": "xml"}, "--log-format"),
         ({"log_level": "trace"}, "--log-level"),
         ({"max_message_bytes": 1000}, "--max-message-bytes"),
+        ({"metrics_listen": "9464"}, "--metrics-listen"),
     ],
     ids=[
         "listen",
@@ -615,6 +651,7 @@ def test_dry_run_flag_turns_dry_run_on() -> None:
         "log-format",
         "log-level",
         "max-message-bytes",
+        "metrics-listen",
     ],
 )
 def test_bad_flags_name_the_flag(flags: dict[str, Any], setting: str) -> None:

@@ -1,0 +1,169 @@
+"""The pure parts of metrics and the call log: histogram buckets, method labels, what an
+outcome counts, and the call line's fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.exposition import generate_latest
+
+from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, ResourceDelta, Stage
+from crihook.proxy.call_log import call_fields
+from crihook.proxy.chain import Chain
+from crihook.proxy.config import ChainSettings
+from crihook.proxy.metrics import Histogram, Metrics, Sources, _histogram, method_label
+from crihook.proxy.outcome import Outcome, Status
+from crihook.proxy.passthrough import Readiness
+from crihook.proxy.store import Store
+from tests.lab.metrics_scrape import parse, value
+
+
+@pytest.mark.parametrize(
+    ("observed", "counts"),
+    [
+        (0.0, [1, 0, 0, 0]),
+        (0.1, [1, 0, 0, 0]),  # on a bound: that bucket (le)
+        (0.10001, [0, 1, 0, 0]),
+        (1.0, [0, 1, 0, 0]),
+        (5.0, [0, 0, 1, 0]),
+        (99.0, [0, 0, 0, 1]),
+    ],
+    ids=["zero", "on-bound", "just-above", "second-bound", "last-bound", "inf"],
+)
+def test_histogram_bucket(observed: float, counts: list[int]) -> None:
+    histogram = Histogram((0.1, 1.0, 5.0))
+    histogram.observe(observed)
+    assert histogram.counts == counts
+    family = _histogram("h", "h", ("k",), (0.1, 1.0, 5.0), {("v",): (tuple(counts), observed)})
+    buckets = [(s.labels["le"], s.value) for s in family.samples if s.name == "h_bucket"]
+    assert buckets == [
+        (le, float(sum(counts[: i + 1]))) for i, le in enumerate(("0.1", "1.0", "5.0", "+Inf"))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "label"),
+    [
+        ("/runtime.v1.RuntimeService/ListContainers", "ListContainers"),
+        ("/runtime.v1.ImageService/PullImage", "PullImage"),
+        ("/runtime.v1.RuntimeService/MadeUpByAClient", "other"),
+        ("/x.y/ListContainers/../../etc", "other"),
+    ],
+    ids=["runtime", "image", "unknown", "garbage"],
+)
+def test_method_label_is_a_known_method_or_other(path: str, label: str) -> None:
+    assert method_label(path) == label
+
+
+POD = PodView(id="p" * 64, uid="u1", name="web", namespace="default")
+CONTAINER = ContainerView(id="c" * 64, pod_id="p" * 64, name="app")
+
+
+def _outcome(trace: list[tuple[object, ...]], status: Status | None = None) -> Outcome:
+    outcome = Outcome(Event.CREATE_CONTAINER, b"x", None)
+    outcome.pod, outcome.container = POD, CONTAINER
+    outcome.trace = list(trace)
+    outcome.elapsed = 0.004
+    outcome.forwarded = b"y"  # changed
+    if status is not None:
+        outcome.fail("runtime", status)
+    return outcome
+
+
+def _metrics(tmp_path: Path) -> Metrics:
+    chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
+    sources = Sources(chain, Store(tmp_path), Readiness(), lambda: 3, lambda: 0)
+    return Metrics(sources)
+
+
+def test_an_outcome_counts_the_call_and_each_hook_run(tmp_path: Path) -> None:
+    adjustment = (
+        Adjustment()
+        .set_env("A", "1")
+        .set_env("B", "2")
+        .set_annotation("x", "y")
+        .update_container("d" * 64, ResourceDelta(cpuset_cpus="0-1"))
+    )
+    metrics = _metrics(tmp_path)
+    metrics.outcome(
+        _outcome(
+            [
+                ("10-a", Stage.PRE, "adjusted", "", adjustment, 0.0002),
+                ("10-a", Stage.POST, "nothing", "", None, 0.00001),
+                ("20-b", Stage.PRE, "dry-run", "", Adjustment().set_label("k", "v"), 0.001),
+            ]
+        )
+    )
+    metrics.outcome(_outcome([], Status(grpc.StatusCode.NOT_FOUND, "gone")))
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    call = {"method": "CreateContainer", "path": "intercepted"}
+    assert value(samples, "crihook_cri_calls_total", **call) == 2
+    assert value(samples, "crihook_cri_call_duration_seconds_count", **call) == 2
+    assert value(samples, "crihook_cri_call_duration_seconds_sum", **call) == pytest.approx(0.008)
+    assert value(samples, "crihook_cri_errors_total", code="NOT_FOUND", origin="runtime", **call)
+    runs = "crihook_hook_runs_total"
+    assert value(samples, runs, hook="10-a", stage="pre", verdict="adjusted") == 1
+    assert value(samples, runs, hook="10-a", stage="post", verdict="nothing") == 1
+    assert value(samples, runs, hook="20-b", stage="pre", verdict="dry-run") == 1
+    adjusted = "crihook_hook_adjustments_total"
+    # Once per field an adjustment sets (two env variables: one env), updates by count.
+    assert value(samples, adjusted, hook="10-a", field="env") == 1
+    assert value(samples, adjusted, hook="10-a", field="annotation") == 1
+    assert value(samples, adjusted, hook="10-a", field="container_update") == 1
+    assert value(samples, adjusted, hook="20-b", field="label") == 0  # dry-run: not applied
+    assert value(samples, "crihook_hook_duration_seconds_count", hook="10-a", stage="pre") == 1
+    assert value(samples, "crihook_container_update_failures_total") == 3
+    assert value(samples, "crihook_ready") == 0
+
+
+class _Families:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> object:
+        return self.metrics.collect()
+
+
+@pytest.mark.parametrize(
+    ("status", "origin", "message", "outcome"),
+    [
+        (None, "", "CreateContainer ok (adjusted)", "adjusted"),
+        (
+            Status(grpc.StatusCode.NOT_FOUND, "x"),
+            "runtime",
+            "CreateContainer failed in the runtime: NOT_FOUND",
+            "NOT_FOUND",
+        ),
+        (
+            Status(grpc.StatusCode.CANCELLED, "x"),
+            "kubelet",
+            "CreateContainer cancelled by kubelet",
+            "CANCELLED",
+        ),
+        (
+            Status(grpc.StatusCode.FAILED_PRECONDITION, "x"),
+            "crihook",
+            "CreateContainer refused by crihook: FAILED_PRECONDITION",
+            "FAILED_PRECONDITION",
+        ),
+    ],
+    ids=["ok", "runtime", "kubelet", "crihook"],
+)
+def test_call_line(status: Status | None, origin: str, message: str, outcome: str) -> None:
+    ended = _outcome([("10-a", Stage.PRE, "adjusted", "", Adjustment(), 0.001)])
+    if status is not None:
+        ended.fail(origin, status)
+    text, fields = call_fields(ended)
+    assert text == message
+    assert fields["pod"] == "default/web" and fields["container"] == "app"
+    assert fields["hooks"] == "10-a/pre:adjusted"
+    assert fields["outcome"] == outcome
+    assert fields["elapsed_ms"] == 4.0
+    assert fields.get("origin", "") == origin
+
+
+def test_adjustment_repr_shows_env_names_not_values() -> None:
+    adjustment = Adjustment().set_env("TOKEN", "hunter2").remove_env("OLD").set_label("a", "b")
+    assert repr(adjustment) == "Adjustment(env 'TOKEN'=<redacted>, env 'OLD'=REMOVE, label 'a'='b')"
