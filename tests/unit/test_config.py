@@ -165,6 +165,7 @@ VALID_TOP = [
         "server.max_message_bytes",
         32 * 1024 * 1024,
     ),
+    ("data_path", {"data_path": "h2"}, "server.data_path", "h2"),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
     (
         "node",
@@ -228,6 +229,7 @@ INVALID_TOP = [
     ("state_dir-int", {"state_dir": 5}, "state_dir"),
     ("plugins_dir-relative", {"plugins_dir": "hooks.d"}, "plugins_dir"),
     ("log_format", {"log_format": "xml"}, "log_format"),
+    ("data_path", {"data_path": "grpc.aio"}, "data_path"),
     ("log_level", {"log_level": "trace"}, "log_level"),
     ("dry_run-string", {"dry_run": "yes"}, "dry_run"),
     ("dry_run-int", {"dry_run": 1}, "dry_run"),
