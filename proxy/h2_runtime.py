@@ -33,7 +33,7 @@ from crihook.api.h2.connection import (
 )
 from crihook.api.h2.grpc_wire import (
     GrpcMessages,
-    MessageTooLarge,
+    MessageRefused,
     decode_grpc_message,
     encode_timeout,
     grpc_message_prefix,
@@ -319,7 +319,7 @@ class _UnaryCall:
             connection.h2.consumed(self.stream_id, flow)
         try:
             messages = self.messages.feed(data)
-        except MessageTooLarge as exc:
+        except MessageRefused as exc:
             self.fail(Status(grpc.StatusCode.INTERNAL, str(exc)))
             return
         if messages and self.answer is None:

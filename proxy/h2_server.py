@@ -43,6 +43,7 @@ from crihook.api.h2.connection import (
     Reset,
 )
 from crihook.api.h2.grpc_wire import (
+    CompressedMessage,
     GrpcMessages,
     MessageSizes,
     MessageTooLarge,
@@ -321,6 +322,9 @@ class _Unary(_Call):
             self.requests += self.messages.feed(data)
         except MessageTooLarge as exc:
             self.answer(Status(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
+            return
+        except CompressedMessage as exc:  # kubelet never compresses; grpc's own answer
+            self.answer(Status(grpc.StatusCode.UNIMPLEMENTED, str(exc)))
             return
         if end_stream:
             self._begin()

@@ -17,7 +17,9 @@ import grpc
 
 __all__ = [
     "MAX_MESSAGE",
+    "CompressedMessage",
     "GrpcMessages",
+    "MessageRefused",
     "MessageSizes",
     "MessageTooLarge",
     "decode_grpc_message",
@@ -41,8 +43,16 @@ _HOP_BY_HOP = frozenset({"user-agent", "content-type", "te", "host"})
 Metadata = tuple[tuple[str, str | bytes], ...]
 
 
-class MessageTooLarge(Exception):
-    """A message over the size limit (or a compressed one where none was offered)."""
+class MessageRefused(Exception):
+    """A message that cannot be taken."""
+
+
+class MessageTooLarge(MessageRefused):
+    """A message over the size limit."""
+
+
+class CompressedMessage(MessageRefused):
+    """A compressed message, where no compression was offered or is known."""
 
 
 def grpc_message_prefix(size: int) -> bytes:
@@ -92,7 +102,7 @@ def metadata_from_headers(headers: list[tuple[str, str]]) -> Metadata | None:
             continue
         if key.endswith("-bin"):
             try:
-                kept.append((key, base64.b64decode(value + "=" * (-len(value) % 4))))
+                kept.append((key, base64.b64decode(value + "=" * (-len(value) % 4), validate=True)))
             except (binascii.Error, ValueError):
                 continue  # what grpc itself drops
         else:
@@ -121,8 +131,8 @@ class GrpcMessages:
         self.limit = limit
 
     def feed(self, payload: bytes) -> list[bytes]:
-        """The messages completed by `payload`; raises MessageTooLarge for a compressed or
-        oversized one (as soon as its prefix is read)."""
+        """The messages completed by `payload`; raises MessageTooLarge for an oversized one
+        (as soon as its prefix is read), CompressedMessage for a compressed one."""
         buffer = self._buffer
         if not buffer and len(payload) >= 5:
             # The usual case: the frame holds exactly one whole message.
@@ -135,7 +145,7 @@ class GrpcMessages:
         while len(buffer) - offset >= 5:
             compressed, size = _MESSAGE_PREFIX.unpack_from(buffer, offset)
             if compressed:
-                raise MessageTooLarge("a compressed message, although none was offered")
+                raise CompressedMessage("a compressed message, although none was offered")
             if size > self.limit:
                 raise MessageTooLarge(f"a message of {size} bytes (limit {self.limit})")
             if len(buffer) - offset - 5 < size:

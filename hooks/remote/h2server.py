@@ -28,7 +28,7 @@ import grpc
 from crihook.api.h2.connection import CANCEL, REFUSED_STREAM, Connection, Header
 from crihook.api.h2.grpc_wire import (
     GrpcMessages,
-    MessageTooLarge,
+    MessageRefused,
     encode_grpc_message,
     grpc_message_prefix,
     parse_timeout,
@@ -240,7 +240,7 @@ class _Connection(H2Protocol):
             return  # a call that ended already
         try:
             messages = call.messages.feed(payload) if payload else []
-        except MessageTooLarge as exc:
+        except MessageRefused as exc:
             self.finish(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             self.send_reset(stream_id, CANCEL)
             return

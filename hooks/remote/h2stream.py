@@ -27,7 +27,7 @@ import grpc
 from crihook.api.h2.connection import CANCEL, Connection, Header
 from crihook.api.h2.grpc_wire import (
     GrpcMessages,
-    MessageTooLarge,
+    MessageRefused,
     decode_grpc_message,
     grpc_message_prefix,
     status_from_header,
@@ -163,7 +163,7 @@ class GrpcStream(H2Protocol):
             return
         try:
             messages = self._messages.feed(payload)
-        except MessageTooLarge as exc:
+        except MessageRefused as exc:
             self._on_protocol_error(str(exc))
             return
         for message in messages:

@@ -402,3 +402,27 @@ def test_sigterm_sends_goaway_and_drains(fake: FakeRuntime) -> None:
     finally:
         peer.close()
     assert proc.stop() == 0
+
+
+def test_a_compressed_intercepted_request_is_unimplemented(proxy: CrihookProcess) -> None:
+    peer = RawPeer(str(proxy.socket_path))
+    try:
+        sid = peer.h2.open_stream()
+        peer.h2.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", RUNTIME + "CreateContainer"),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("grpc-encoding", "gzip"),
+            ],
+        )
+        peer.h2.send_data(sid, struct.pack(">BL", 1, 3) + b"zzz", end_stream=True)
+        peer.send()
+        peer.read_until(lambda: peer.ended(sid))
+        last = [e for e in peer.events if isinstance(e, Headers) and e.stream_id == sid][-1]
+        assert ("grpc-status", "12") in last.headers
+    finally:
+        peer.close()
