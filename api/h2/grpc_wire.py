@@ -147,7 +147,7 @@ class GrpcMessages:
             if compressed:
                 raise CompressedMessage("a compressed message, although none was offered")
             if size > self.limit:
-                raise MessageTooLarge(f"a message of {size} bytes (limit {self.limit})")
+                raise MessageTooLarge(f"Received message larger than max ({size} vs. {self.limit})")
             if len(buffer) - offset - 5 < size:
                 break
             messages.append(bytes(buffer[offset + 5 : offset + 5 + size]))
