@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from crihook.api.cri.v1 import api_pb2
 from crihook.api.h2.connection import (
     Connection,
     Data,
@@ -190,13 +191,24 @@ def test_a_request_over_the_limit_is_refused_unforwarded(
 # --- cancellation --------------------------------------------------------------------------
 
 
-def test_kubelet_cancelling_reaches_the_runtime(fake: FakeRuntime, proxy: CrihookProcess) -> None:
-    fake.script["ExecSync"] = Reply(delay=5)
+@pytest.mark.parametrize(
+    ("method", "request_"),
+    [
+        ("ExecSync", b""),
+        ("StartContainer", api_pb2.StartContainerRequest(container_id="c1").SerializeToString()),
+    ],
+    ids=["relayed", "intercepted"],
+)
+def test_kubelet_cancelling_reaches_the_runtime(
+    fake: FakeRuntime, proxy: CrihookProcess, method: str, request_: bytes
+) -> None:
+    fake.script[method] = Reply(delay=5)
     with grpc.insecure_channel(proxy.endpoint) as channel:
-        future = channel.unary_unary(RUNTIME + "ExecSync").future(b"", timeout=30)
-        wait_for(lambda: fake.calls("ExecSync"), 5, "the call to reach the runtime")
+        future = channel.unary_unary(RUNTIME + method).future(request_, timeout=30)
+        wait_for(lambda: fake.calls(method), 5, "the call to reach the runtime")
         future.cancel()
-    wait_for(lambda: "ExecSync" in fake.cancelled, 5, "the runtime to see the cancel")
+    wait_for(lambda: method in fake.cancelled, 5, "the runtime to see the cancel")
+    assert _seen(_call(proxy.endpoint, "Version"))[0] == b""  # crihook goes on
 
 
 def test_a_runtime_reset_reaches_kubelet() -> None:
