@@ -76,6 +76,10 @@ MAX_CONCURRENT_STREAMS = 1000
 """Calls one kubelet connection may have open at once (more are refused): as the grpc path."""
 
 _IMAGE_PREFIX = f"/{CRI_PACKAGE}.ImageService/"
+
+Route = Event | RuntimePool | tuple[Observer | None, PassthroughRecord | None]
+"""What a known path becomes: intercepted (its event), relayed (to this pool), or buffered
+(the observer and the recorder to tell)."""
 _RESPONSE_HEADERS: list[Header] = [(":status", "200"), ("content-type", "application/grpc")]
 _OK_TRAILERS: list[Header] = [("grpc-status", "0")]
 
@@ -556,14 +560,14 @@ class KubeletConnection(asyncio.Protocol):
                 break
         route = server.routes.get(path)
         call: _Call
-        if route is None:
+        if route is None:  # a method crihook does not know: relayed all the same
             call = Relay(self, stream_id, server.runtime.pool(path.startswith(_IMAGE_PREFIX)))
-        elif type(route) is RuntimePool:
+        elif isinstance(route, RuntimePool):
             call = Relay(self, stream_id, route)
         elif isinstance(route, Event):
             call = Intercept(self, stream_id, route)
         else:
-            observer, record = cast(tuple[Observer | None, PassthroughRecord | None], route)
+            observer, record = route
             call = Buffered(self, stream_id, path, observer, record)
         self.calls[stream_id] = call
         call.start(headers, end_stream)
@@ -587,7 +591,7 @@ class H2Server:
         self.max_message_bytes = max_message_bytes
         self.flusher: Flusher = runtime.flusher
         self.connections: set[KubeletConnection] = set()
-        self.routes: dict[str, Any] = {}
+        self.routes: dict[str, Route] = {}
         intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
         for method in known_methods():
             if method.path in intercepted:
