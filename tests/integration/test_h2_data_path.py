@@ -10,6 +10,7 @@ connections at once.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import struct
@@ -25,6 +26,7 @@ from crihook.api.h2.connection import (
     Connection,
     Data,
     Event,
+    Flushed,
     GoAway,
     Headers,
     PingAcked,
@@ -225,14 +227,19 @@ def test_a_runtime_reset_reaches_kubelet() -> None:
 
 class RawRuntime:
     """A runtime made of our own HTTP/2 layer, on a thread: answers every call with an empty
-    message, resets `reset_method`'s streams, and streams `flood_method` as fast as the
-    windows let it (counting what it could send)."""
+    message, resets `reset_method`'s streams, streams `flood_method` as fast as the windows
+    let it (counting what it could send), and never reads `stall_method`'s requests (its
+    streams' windows are 65,535 bytes and never given back; `stalled` counts what came)."""
 
-    def __init__(self, path: object, reset_method: str = "", flood_method: str = "") -> None:
+    def __init__(
+        self, path: object, reset_method: str = "", flood_method: str = "", stall_method: str = ""
+    ) -> None:
         self.path = str(path)
         self.reset_method = reset_method
         self.flood_method = flood_method
+        self.stall_method = stall_method
         self.flooded = 0
+        self.stalled = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)
         self.listener.listen(8)
@@ -262,9 +269,10 @@ class RawRuntime:
             thread.start()
 
     def _serve(self, sock: socket.socket) -> None:
-        h2 = Connection(client=False)
+        h2 = Connection(client=False, stream_window=65_535)
         sock.settimeout(0.2)
         flooding: int | None = None
+        stalled: set[int] = set()
         chunk = struct.pack(">BL", 0, 16_379) + b"f" * 16_379
         with sock:
             while not self._stop.is_set():
@@ -292,6 +300,8 @@ class RawRuntime:
                         sid = event.stream_id
                         if path.endswith("/" + self.reset_method):
                             h2.send_reset(sid, 0x8)
+                        elif path.endswith("/" + self.stall_method):
+                            stalled.add(sid)
                         elif path.endswith("/" + self.flood_method):
                             h2.send_headers(
                                 sid, [(":status", "200"), ("content-type", "application/grpc")]
@@ -303,6 +313,8 @@ class RawRuntime:
                             )
                             h2.send_data(sid, b"\0\0\0\0\0")
                             h2.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+                    elif isinstance(event, Data) and event.stream_id in stalled:
+                        self.stalled += len(event.data)
                     elif isinstance(event, Data):
                         h2.consumed(event.stream_id, event.flow_length)
 
@@ -328,6 +340,50 @@ def test_a_slow_reader_holds_the_runtime_back() -> None:
                 peer.h2.consumed(sid, 10 * MiB)  # now the peer reads: the runtime goes on
                 peer.send()
                 peer.read_until(lambda: runtime.flooded > first, timeout=10)
+            finally:
+                peer.close()
+    finally:
+        runtime.stop()
+
+
+def test_a_slow_runtime_holds_kubelet_back() -> None:
+    """Flow control end to end, the other way: the runtime reads nothing of a big request;
+    kubelet can send no more than the runtime's window plus the one window crihook holds."""
+    runtime = RawRuntime(short_tmpdir("rr-") / "rt.sock", stall_method="FutureUpload")
+    try:
+        with CrihookProcess(runtime.endpoint, data_path="h2") as proc:
+            peer = RawPeer(str(proc.socket_path))
+            try:
+                peer.read_until(lambda: any(isinstance(e, Settled) for e in peer.events))
+                sid = peer.h2.open_stream()
+                peer.h2.send_headers(
+                    sid,
+                    [
+                        (":method", "POST"),
+                        (":scheme", "http"),
+                        (":path", RUNTIME + "FutureUpload"),
+                        (":authority", "localhost"),
+                        ("content-type", "application/grpc"),
+                    ],
+                )
+                body = b"u" * (8 * MiB)
+                sent = peer.h2.send_data(sid, struct.pack(">BL", 0, len(body)) + body)
+                peer.send()
+
+                def sent_so_far() -> int:
+                    flushed = sum(e.sent for e in peer.events if isinstance(e, Flushed))
+                    return sent + flushed
+
+                deadline = time.monotonic() + 1.5
+                while time.monotonic() < deadline:  # let crihook take what it will
+                    with contextlib.suppress(AssertionError):
+                        peer.read_until(lambda: False, timeout=0.2)
+                first = sent_so_far()
+                with contextlib.suppress(AssertionError):
+                    peer.read_until(lambda: False, timeout=0.5)
+                assert sent_so_far() == first  # kubelet is held: nobody reads
+                assert runtime.stalled == 65_535  # what the runtime's window let through
+                assert first <= 65_535 + RELAY_WINDOW
             finally:
                 peer.close()
     finally:
