@@ -111,6 +111,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         targets=True,
     ),
     Scenario(
+        name="hooks-none-h2",
+        args=("--hooks", "none", "--data-path", "h2"),
+        about="hooks-none on the h2 data path: crihook speaks HTTP/2 itself (pass-through "
+        "relayed frame by frame, no grpc core on the call path)",
+        targets=True,
+    ),
+    Scenario(
         name="hooks-none-ee-on",
         args=("--hooks", "none"),
         env={"GRPC_EXPERIMENTS": ""},
@@ -581,6 +588,62 @@ class Crihook:
             sidecar.stop()
 
 
+GO_PATH = "go-raw"
+"""The path through the reference Go proxy (../shared/tools/go-raw-proxy: grpc-go,
+UnknownServiceHandler, raw codec, unary only), when --go-proxy is given."""
+
+
+def go_proxy_binary(given: Path, workdir: Path) -> Path:
+    """The Go proxy's binary: `given` itself, or built from `given` (its source directory,
+    with build.sh) into the work directory."""
+    if given.is_file():
+        return given
+    built = subprocess.run(
+        ["sh", str(given / "build.sh"), str(workdir / "gorawproxy")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if built.returncode != 0:
+        raise RuntimeError(f"building the Go proxy failed:\n{built.stdout}{built.stderr}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+class GoProxy:
+    """The reference Go proxy in front of one backend, measured like a crihook."""
+
+    def __init__(self, binary: Path, backend: Backend, workdir: Path) -> None:
+        self.backend = backend
+        self.dir = workdir / f"{backend.name}-{GO_PATH}"
+        self.dir.mkdir(parents=True)
+        sock = self.dir / "go.sock"
+        self.endpoint = f"unix://{sock}"
+        argv = [
+            str(binary), "proxy",
+            "-listen", str(sock),
+            "-backend", backend.endpoint.removeprefix("unix://"),
+            "-ready", str(self.dir / "go.pid"),
+        ]  # fmt: skip
+        self.proc = Managed(argv, self.dir / "go.log")
+        try:
+            wait_ready(self.endpoint, self.proc.proc, self.proc.log)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend.name}/{GO_PATH}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def plugin_pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        self.proc.stop()
+
+
 # --- cells -----------------------------------------------------------------------------------
 
 
@@ -601,7 +664,7 @@ class Bench:
         self.args = args
         self.workdir = workdir
         self.backends: dict[str, Backend] = {}
-        self.crihooks: dict[tuple[str, str], Crihook] = {}
+        self.crihooks: dict[tuple[str, str], Crihook | GoProxy] = {}
         self.scenarios = [s for s in SCENARIOS if s.name in args.scenarios]
         self.methods = {m.name: m for m in METHODS}
         self._next_index = 0
@@ -609,6 +672,7 @@ class Bench:
             {"GRPC_EXPERIMENTS": args.tools_grpc_experiments} if args.tools_grpc_experiments else {}
         )
         self._payload_files: dict[tuple[str, str], Path] = {}
+        self.go_binary: Path | None = None
 
     # set-up ---------------------------------------------------------------------------
 
@@ -630,6 +694,14 @@ class Bench:
                 self.crihooks[(backend.name, scenario.name)] = Crihook(
                     scenario, backend, self.workdir, self.args.crihook_cmd
                 )
+            if self.args.go_proxy is not None:
+                if self.go_binary is None:
+                    self._say(f"building the Go reference proxy from {self.args.go_proxy}")
+                    self.go_binary = go_proxy_binary(self.args.go_proxy, self.workdir)
+                self._say(f"starting the Go reference proxy {backend.name}/{GO_PATH}")
+                self.crihooks[(backend.name, GO_PATH)] = GoProxy(
+                    self.go_binary, backend, self.workdir
+                )
 
     def close(self) -> None:
         for crihook in self.crihooks.values():
@@ -643,6 +715,8 @@ class Bench:
 
     def cells(self) -> list[Cell]:
         paths = [DIRECT, *(s.name for s in self.scenarios)]
+        if self.args.go_proxy is not None:
+            paths.append(GO_PATH)
         return [
             Cell(b, m.name, c, p)
             for b in self.backends
@@ -913,9 +987,89 @@ def check_targets(
     return checks
 
 
+@dataclass(frozen=True)
+class GoTargets:
+    """Issue 11's targets, as ratios to the Go reference proxy in the same run (fake runtime,
+    c=1 unless said): they hold whatever the client and the machine do to absolute figures."""
+
+    pass_through_x: float = 1.2  # added p50, pass-through, over Go's
+    intercepted_x: float = 1.5  # added p50, intercepted with no hooks, over Go's pass-through
+    cpu_x: float = 2.0  # crihook CPU per pass-through call over Go's
+    c16_rps_x_min: float = 0.8  # pass-through throughput at c=16 over direct (at least)
+
+
+GO_TARGETS = GoTargets()
+
+
+def against_go(
+    rows: list[dict[str, Any]], rss: list[dict[str, Any]], scenarios: list[Scenario]
+) -> list[dict[str, Any]]:
+    """Each scenario (and Go itself) as ratios to Go's figures, paired within each rep, then
+    the median over reps: fake runtime, pass-through = ListContainers, intercepted =
+    CreateContainer."""
+    by = {
+        (r["rep"], r["method"], r["concurrency"], r["path"]): r
+        for r in rows
+        if r["backend"] == "fake"
+    }
+    reps = sorted({r["rep"] for r in rows})
+
+    def ratio(
+        path: str, method: str, field_: str, go_method: str = "ListContainers"
+    ) -> float | None:
+        values = []
+        for rep in reps:
+            mine, go = by.get((rep, method, 1, path)), by.get((rep, go_method, 1, GO_PATH))
+            if mine and go and mine.get(field_) is not None and go.get(field_):
+                values.append(mine[field_] / go[field_])
+        return statistics.median(values) if values else None
+
+    def c16(path: str) -> float | None:
+        return _median([by[k].get("rps_x") for k in by if k[1:] == ("ListContainers", 16, path)])
+
+    out = []
+    rss_by = {r["crihook"]: r["idle_rss_bytes"] / MiB for r in rss}
+    for path in [s.name for s in scenarios] + [GO_PATH]:
+        out.append({
+            "path": path,
+            "pass_through_x": ratio(path, "ListContainers", "added_p50_us"),
+            "intercepted_x": ratio(path, "CreateContainer", "added_p50_us"),
+            "cpu_x": ratio(path, "ListContainers", "crihook_cpu_us"),
+            "c16_rps_x": c16(path),
+            "idle_rss_mib": rss_by.get(f"fake/{path}"),
+        })  # fmt: skip
+    return out
+
+
+def render_against_go(table: list[dict[str, Any]]) -> str:
+    t = GO_TARGETS
+    out = [
+        "\n### Against the Go reference proxy\n",
+        "Fake runtime; ratios paired within each rep, medians over reps. Added p50 and CPU at "
+        "c=1; the intercepted column is CreateContainer's added p50 over Go's pass-through "
+        "(ListContainers) added p50; c=16 is pass-through throughput over direct. Targets "
+        f"(issue 11): pass-through ≤ {t.pass_through_x}{TIMES}, intercepted ≤ "
+        f"{t.intercepted_x}{TIMES}, CPU ≤ {t.cpu_x}{TIMES}, c=16 ≥ {t.c16_rps_x_min}{TIMES} "
+        f"direct, idle RSS ≤ {BUDGET.idle_rss_mib:.0f} MiB.\n",
+        f"| path | added p50 pass-through {TIMES}Go | added p50 intercepted {TIMES}Go "
+        f"pass-through | CPU/call pass-through {TIMES}Go | c=16 req/s {TIMES}direct "
+        "| idle RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for e in table:
+        rss = e["idle_rss_mib"]
+        out.append(
+            f"| {e['path']} | {_fmt(e['pass_through_x'], 'x')} | {_fmt(e['intercepted_x'], 'x')} "
+            f"| {_fmt(e['cpu_x'], 'x')} | {_fmt(e['c16_rps_x'], 'x')} "
+            f"| {NONE if rss is None else f'{rss:.1f}'} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def render_report(
     meta: dict[str, Any], summary: list[dict[str, Any]], rss: list[dict[str, Any]],
     targets: list[dict[str, Any]], failures: list[str],
+    go_table: list[dict[str, Any]] | None = None,
 ) -> str:  # fmt: skip
     out = [
         f"crihook bench, {meta['date']}, {meta['machine']}; {meta['reps']} reps {TIMES} "
@@ -942,6 +1096,8 @@ def render_report(
         value = "n/a" if t["value"] is None else f"{t['value']:,.1f} {t['unit']}"
         verdict = "met" if t["met"] else "NOT met"
         out.append(f"- {t['what']}: {value} (≤ {t['limit']:,.0f} {t['unit']}) — **{verdict}**")
+    if go_table:
+        out.append(render_against_go(go_table))
     if failures:
         out.append("\n### Failures\n")
         out.extend(f"- {f}" for f in failures)
@@ -1012,6 +1168,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--budget", type=float, default=None, metavar="SECONDS",
         help="no re-runs once they would push the run past this (default 540; quick 90)",
+    )  # fmt: skip
+    p.add_argument(
+        "--go-proxy", type=Path, default=None, metavar="BIN_OR_DIR",
+        help=f"also measure the reference Go proxy as path {GO_PATH}: its binary, or its source "
+        "directory (built with its build.sh), e.g. ../shared/tools/go-raw-proxy",
     )  # fmt: skip
     p.add_argument("--keep-workdir", action="store_true", help="keep sockets and logs")
     args = p.parse_args(argv)
@@ -1170,13 +1331,14 @@ def main(argv: list[str] | None = None) -> int:
     if background:
         meta["background_cores_median"] = round(statistics.median(background), 2)
         meta["background_cores_max"] = round(max(background), 2)
-    report = render_report(meta, summary, rss, targets, failures)
+    go_table = against_go(rows, rss, bench.scenarios) if args.go_proxy is not None else None
+    report = render_report(meta, summary, rss, targets, failures, go_table)
     print(report)
     print(f"[bench] done in {meta['wall_s']} s", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({
             "meta": meta, "summary": summary, "rss": rss, "targets": targets,
-            "rows": rows, "records": records, "failures": failures,
+            "rows": rows, "records": records, "failures": failures, "against_go": go_table,
         }, indent=1) + "\n")  # fmt: skip
     return 1 if failures else 0
 

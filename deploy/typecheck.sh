@@ -1,6 +1,7 @@
 #!/bin/sh
-# mypy --strict on proxy/ and hooks/. The folders install as crihook.* through setuptools'
-# package-dir mapping, which mypy cannot follow, so it checks a link tree with that layout.
+# mypy --strict on proxy/, hooks/ and api/h2 (crihook's own HTTP/2). The folders install as
+# crihook.* through setuptools' package-dir mapping, which mypy cannot follow, so it checks a
+# link tree with that layout.
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -12,4 +13,4 @@ ln -s "$root/proxy" "$tree/crihook/proxy"
 ln -s "$root/hooks" "$tree/crihook/hooks"
 ln -s "$root/api" "$tree/crihook/api"
 # Not exec: the trap must run to remove the link tree.
-MYPYPATH="$tree" "${PYTHON:-.venv/bin/python}" -m mypy -p crihook.proxy -p crihook.hooks
+MYPYPATH="$tree" "${PYTHON:-.venv/bin/python}" -m mypy -p crihook.proxy -p crihook.hooks -p crihook.api.h2

@@ -20,6 +20,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc.aio
@@ -34,6 +35,8 @@ from crihook.proxy.call_log import CallLog
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import Settings
 from crihook.proxy.errors import ConfigError
+from crihook.proxy.h2_runtime import Flusher, H2RuntimeClient
+from crihook.proxy.h2_server import H2Server
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
@@ -70,7 +73,11 @@ class App:
         self.node = node if node is not None else read_topology(settings)
         self.readiness = Readiness()
         self.readiness.set(False, f"waiting for the runtime at {settings.runtime.endpoint}")
-        self.runtime = RuntimeClient(settings.runtime)
+        self.runtime = (
+            H2RuntimeClient(settings.runtime, Flusher())
+            if settings.server.data_path == "h2"
+            else RuntimeClient(settings.runtime)
+        )
         self.store = Store(settings.state_dir)
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
@@ -287,6 +294,37 @@ class App:
             else:
                 failing = False
 
+    async def _start_server(self, path: Path) -> grpc.aio.Server | H2Server:
+        """The kubelet-facing server of the configured data path, listening on `path`."""
+        settings = self.settings
+        observers = {"RestorePod": self._restored}
+        recorder = self.recorder if settings.record.all else None
+        if isinstance(self.runtime, H2RuntimeClient):
+            record = recorder.passthrough if recorder is not None else None
+            h2 = H2Server(
+                self.runtime,
+                self.pipeline,
+                self.readiness,
+                settings.server.max_message_bytes,
+                observers=observers,
+                record=record,
+                metrics=self.metrics,
+            )
+            await h2.start(path)
+            return h2
+        server = build_server(
+            self.runtime,
+            self.pipeline,
+            self.readiness,
+            settings.server.max_message_bytes,
+            observers=observers,
+            recorder=recorder,
+            metrics=self.metrics,
+        )
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        return server
+
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
         self.store.load()
@@ -313,22 +351,13 @@ class App:
             )
         path = settings.server.socket_path
         prepare_listen_path(path)
-        server = build_server(
-            self.runtime,
-            self.pipeline,
-            self.readiness,
-            settings.server.max_message_bytes,
-            observers={"RestorePod": self._restored},
-            recorder=self.recorder if settings.record.all else None,
-            metrics=self.metrics,
-        )
-        server.add_insecure_port(f"unix:{path}")
-        await server.start()
+        server = await self._start_server(path)
         secure_socket(path, settings.server.socket_mode, settings.server.socket_group)
         log.info(
-            "crihook %s listening on %s, runtime %s%s",
+            "crihook %s listening on %s (data path %s), runtime %s%s",
             __version__,
             settings.server.listen,
+            settings.server.data_path,
             settings.runtime.endpoint,
             f", images {settings.runtime.image_endpoint}"
             if settings.runtime.image_endpoint

@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 25165824, 24 MiB)",
     )
     serve.add_argument(
+        "--data-path",
+        choices=("grpc", "h2"),
+        help="how calls cross crihook: grpc (grpc.aio, the default) or h2 (crihook's own HTTP/2)",
+    )
+    serve.add_argument(
         "--sysfs-root",
         help="where the node topology is read: <root>/devices/system/{cpu,node} (default /sys)",
     )

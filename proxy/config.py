@@ -50,6 +50,7 @@ TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
 DEFAULT_SYSFS_ROOT = Path("/sys")
 CONFLICT_MODES = ("error", "precedence")
+DATA_PATHS = ("grpc", "h2")
 
 _HOOK_NAME = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9_.-]*)$")
 _MAX_UNIX_PATH = 107
@@ -72,6 +73,10 @@ class ServerSettings:
     metrics_listen: str | None = None
     """Where Prometheus metrics are served (`GET /metrics`): `unix:///path` or `HOST:PORT`
     (`127.0.0.1:9464`, `[::1]:9464`, `0.0.0.0:9464`); None: no metrics."""
+    data_path: str = "grpc"
+    """How calls cross crihook: `grpc` (grpc.aio's server and channels) or `h2` (crihook
+    speaks HTTP/2 itself, api/h2: pass-through calls relayed as frames). `grpc` stays the
+    default until `h2` has earned trust."""
 
     @property
     def socket_path(self) -> Path:
@@ -298,6 +303,7 @@ _TOP_KEYS = {
     "dry_run",
     "shutdown_grace_seconds",
     "max_message_bytes",
+    "data_path",
     "runtime_startup_wait_max_seconds",
     "hooks",
     "node",
@@ -539,6 +545,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         server["max_message_bytes"] = _message_size("max_message_bytes", doc["max_message_bytes"])
     if "metrics_listen" in doc:
         server["metrics_listen"] = metrics_address("metrics_listen", doc["metrics_listen"])
+    if "data_path" in doc:
+        server["data_path"] = _choice("data_path", doc["data_path"], DATA_PATHS)
     if "runtime_endpoint" in doc:
         runtime["endpoint"] = normalize_endpoint("runtime_endpoint", doc["runtime_endpoint"])
     if "image_endpoint" in doc:
@@ -607,6 +615,8 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         server = replace(
             server, metrics_listen=metrics_address("--metrics-listen", flags["metrics_listen"])
         )
+    if flags.get("data_path") is not None:
+        server = replace(server, data_path=_choice("--data-path", flags["data_path"], DATA_PATHS))
     if flags.get("runtime_endpoint") is not None:
         runtime = replace(
             runtime, endpoint=normalize_endpoint("--runtime-endpoint", flags["runtime_endpoint"])

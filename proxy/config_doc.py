@@ -31,6 +31,7 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
         "socket_mode": f"{server.socket_mode:04o}",
         "shutdown_grace_seconds": server.shutdown_grace_seconds,
         "max_message_bytes": server.max_message_bytes,
+        "data_path": server.data_path,
         "runtime_startup_wait_max_seconds": runtime.startup_wait_max_seconds,
         "state_dir": str(settings.state_dir),
         "plugins_dir": str(chain.plugins_dir),

@@ -25,21 +25,21 @@ from typing import Any, Protocol
 
 import grpc
 
-from crihook.hooks.remote.h2 import (
-    CANCEL,
+from crihook.api.h2.connection import CANCEL, REFUSED_STREAM, Connection, Header
+from crihook.api.h2.grpc_wire import (
     GrpcMessages,
-    H2Connection,
-    ProtocolError,
+    MessageRefused,
     encode_grpc_message,
+    grpc_message_prefix,
+    parse_timeout,
 )
+from crihook.api.h2.protocol import H2Protocol
 
-__all__ = ["BidiCall", "BidiSession", "GrpcServer", "RpcError", "UnaryHandler"]
+__all__ = ["BidiCall", "BidiSession", "GrpcServer", "RpcError", "UnaryHandler", "parse_timeout"]
 
 log = logging.getLogger(__name__)
 
-REFUSED_STREAM = 0x7
 _RESPONSE_HEADERS = [(":status", "200"), ("content-type", "application/grpc")]
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
 class RpcError(Exception):
@@ -66,13 +66,6 @@ class BidiSession(Protocol):
 
 
 BidiHandler = Callable[["BidiCall"], BidiSession]
-
-
-def parse_timeout(value: str | None) -> float | None:
-    """`grpc-timeout` (digits and a unit) in seconds; None if absent or malformed."""
-    if not value or len(value) < 2 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
-        return None
-    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
 
 class BidiCall:
@@ -118,12 +111,11 @@ class _Call:
         self.deadline: asyncio.TimerHandle | None = None
 
 
-class _Connection(H2Connection):
+class _Connection(H2Protocol):
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__(server=True)
+        super().__init__(Connection(client=False))
         self._owner = server
         self._calls: dict[int, _Call] = {}
-        self._last_stream = 0
         self._going_away = False
         self.idle = asyncio.Event()
         self.idle.set()
@@ -141,7 +133,7 @@ class _Connection(H2Connection):
     def go_away(self) -> None:
         """Refuse new calls; close once the calls in flight are done."""
         self._going_away = True
-        self.send_goaway(self._last_stream)
+        self.send_goaway()
         if not self._calls:
             self.close_transport()
 
@@ -163,7 +155,7 @@ class _Connection(H2Connection):
         if not call.replied:
             call.replied = True
             self.send_headers(stream_id, _RESPONSE_HEADERS)
-        self.send_message(stream_id, message)
+        self.send_data(stream_id, grpc_message_prefix(len(message)) + message)
 
     def finish(self, stream_id: int, code: grpc.StatusCode, message: str = "") -> None:
         call = self._calls.get(stream_id)
@@ -198,14 +190,12 @@ class _Connection(H2Connection):
                 self.close_transport()
 
     # --- requests ------------------------------------------------------------------------
-    def _on_headers(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
+    def _on_headers(self, stream_id: int, fields: list[Header], end_stream: bool) -> None:
         if stream_id in self._calls:  # a client's trailers: not part of gRPC requests
             if end_stream:
                 self._on_data(stream_id, b"", True)
             return
-        if stream_id % 2 == 0 or stream_id <= self._last_stream:
-            raise ProtocolError(f"a new stream with id {stream_id}")
-        self._last_stream = stream_id
+        headers = dict(fields)
         if self._going_away:
             self.send_reset(stream_id, REFUSED_STREAM)
             return
@@ -226,7 +216,6 @@ class _Connection(H2Connection):
             return
         self._calls[stream_id] = call
         self.idle.clear()
-        self.track_stream(stream_id)
         timeout = parse_timeout(headers.get("grpc-timeout"))
         if timeout is not None:
             call.deadline = asyncio.get_running_loop().call_later(
@@ -249,7 +238,12 @@ class _Connection(H2Connection):
         call = self._calls.get(stream_id)
         if call is None:
             return  # a call that ended already
-        messages = call.messages.feed(payload) if payload else []
+        try:
+            messages = call.messages.feed(payload) if payload else []
+        except MessageRefused as exc:
+            self.finish(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            self.send_reset(stream_id, CANCEL)
+            return
         if call.session is not None:
             for message in messages:
                 call.session.message(message)

@@ -5,8 +5,8 @@ this module, views included): every read and write is a batch handed to grpc cor
 completed through its poller thread, which then wakes the event loop. A stream that lives
 for the whole connection needs none of that: after the headers, each message is one HTTP/2
 DATA frame each way. `GrpcStream` writes those frames on an asyncio transport and parses the
-plugin's in `data_received` (h2.py), so a message costs one write, one read and no thread
-hop.
+plugin's in `data_received` (crihook.api.h2), so a message costs one write, one read and no
+thread hop.
 
 The call: request HEADERS on stream 1 (no grpc-accept-encoding is offered, so the plugin
 never compresses), messages both ways, and the end: the trailers (or a trailers-only answer,
@@ -24,14 +24,15 @@ from collections.abc import Callable
 
 import grpc
 
-from crihook.hooks.remote.h2 import (
-    CANCEL,
+from crihook.api.h2.connection import CANCEL, Connection, Header
+from crihook.api.h2.grpc_wire import (
     GrpcMessages,
-    H2Connection,
-    ProtocolError,
+    MessageRefused,
     decode_grpc_message,
+    grpc_message_prefix,
     status_from_header,
 )
+from crihook.api.h2.protocol import H2Protocol
 
 __all__ = ["GrpcStream", "StreamEnded"]
 
@@ -55,7 +56,7 @@ class StreamEnded(ConnectionError):
     """A message was sent on a stream that has already ended."""
 
 
-class GrpcStream(H2Connection):
+class GrpcStream(H2Protocol):
     """The client end of one gRPC stream on its own HTTP/2 connection.
 
     `send(message)` never blocks: the frame is written at once, or queued until the peer's
@@ -64,7 +65,7 @@ class GrpcStream(H2Connection):
     event loop, inside `data_received`: they must not block."""
 
     def __init__(self, path: str, on_message: OnMessage, on_end: OnEnd) -> None:
-        super().__init__(server=False)
+        super().__init__(Connection(client=True))
         self._path = path
         self._on_message = on_message
         self._on_end: OnEnd | None = on_end
@@ -100,7 +101,7 @@ class GrpcStream(H2Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.track_stream(STREAM_ID)
+        self.h2.open_stream()  # STREAM_ID, the first of ours
         self.send_headers(
             STREAM_ID,
             [
@@ -132,12 +133,11 @@ class GrpcStream(H2Connection):
         """Send one message (already serialized)."""
         if self._on_end is None or not self.alive:
             raise StreamEnded("the plugin stream has ended")
-        self.send_message(STREAM_ID, message)
+        self.send_data(STREAM_ID, grpc_message_prefix(len(message)) + message)
 
     # --- endings ------------------------------------------------------------------------
     def _end(self, code: grpc.StatusCode, details: str) -> None:
         on_end, self._on_end = self._on_end, None
-        self.forget_stream(STREAM_ID)
         self.close_transport()
         if on_end is not None:
             on_end(code, details)
@@ -161,16 +161,22 @@ class GrpcStream(H2Connection):
     def _on_data(self, stream_id: int, payload: bytes, end_stream: bool) -> None:
         if stream_id != STREAM_ID or self._on_end is None:
             return
-        for message in self._messages.feed(payload):
+        try:
+            messages = self._messages.feed(payload)
+        except MessageRefused as exc:
+            self._on_protocol_error(str(exc))
+            return
+        for message in messages:
             self._on_message(message)
             if self._on_end is None:  # the callback ended it
                 return
         if end_stream:
             self._end(grpc.StatusCode.INTERNAL, "the plugin ended the stream without a status")
 
-    def _on_headers(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
-        if stream_id != STREAM_ID:
-            raise ProtocolError(f"headers on stream {stream_id}")
+    def _on_headers(self, stream_id: int, fields: list[Header], end_stream: bool) -> None:
+        if stream_id != STREAM_ID or self._on_end is None:
+            return
+        headers = dict(fields)
         first, self._got_headers = not self._got_headers, True
         if first and headers.get(":status") != "200":
             self._end(

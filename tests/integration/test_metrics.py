@@ -21,7 +21,7 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.node import Topology
 from tests.integration.test_resource_hooks_fixtures import Node
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
+from tests.lab.crihook_proc import DATA_PATHS, CrihookProcess, short_tmpdir
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
@@ -70,13 +70,16 @@ def _delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
+@pytest.mark.parametrize("data_path", DATA_PATHS)
 def test_unix_socket_series_move_with_pass_through_and_intercepted_calls(
-    fake: FakeRuntime,
+    fake: FakeRuntime, data_path: str
 ) -> None:
     workdir = short_tmpdir("mx-")
     address = f"unix://{workdir}/metrics.sock"
     args = ["--metrics-listen", address]
-    with CrihookProcess(fake.endpoint, workdir, args=args, config=ANNOTATE, hooks=None) as proc:
+    with CrihookProcess(
+        fake.endpoint, workdir, args=args, config=ANNOTATE, hooks=None, data_path=data_path
+    ) as proc:
         before = scrape(address)
         for _ in range(3):
             assert _call(proc.endpoint, RUNTIME + "ListContainers") == grpc.StatusCode.OK
@@ -236,11 +239,15 @@ def test_hook_timeouts_conflicts_and_breakers_are_counted(fake: FakeRuntime) -> 
     assert not fake.calls("CreateContainer")
 
 
-def test_streams_and_unknown_methods_are_counted_not_timed(fake: FakeRuntime) -> None:
+@pytest.mark.parametrize("data_path", DATA_PATHS)
+def test_streams_and_unknown_methods_are_counted_not_timed(
+    fake: FakeRuntime, data_path: str
+) -> None:
     fake.script["GetContainerEvents"] = Reply(stream=[b"", b""])
     workdir = short_tmpdir("ms-")
     address = f"unix://{workdir}/metrics.sock"
-    with CrihookProcess(fake.endpoint, workdir, args=["--metrics-listen", address]) as proc:
+    args = ["--metrics-listen", address]
+    with CrihookProcess(fake.endpoint, workdir, args=args, data_path=data_path) as proc:
         before = scrape(address)
         with grpc.insecure_channel(proc.endpoint) as channel:
             events = channel.unary_stream(RUNTIME + "GetContainerEvents")(b"", timeout=10)

@@ -26,7 +26,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, wait_for
+from tests.lab.crihook_proc import DATA_PATHS, CrihookProcess, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.images import BUSYBOX_REF
 from tests.lab.kubelet import KubeletClient, PodHandle
@@ -37,9 +37,10 @@ pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def crihook(containerd: Containerd) -> Iterator[CrihookProcess]:
-    with CrihookProcess(containerd.endpoint) as proc:
+@pytest.fixture(scope="module", params=DATA_PATHS)
+def crihook(containerd: Containerd, request: pytest.FixtureRequest) -> Iterator[CrihookProcess]:
+    """On both data paths: grpc.aio, and crihook's own HTTP/2."""
+    with CrihookProcess(containerd.endpoint, data_path=request.param) as proc:
         yield proc
         assert proc.stop() == 0
 

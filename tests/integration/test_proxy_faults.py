@@ -19,7 +19,13 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import (
+    DATA_PATH_ENV,
+    DATA_PATHS,
+    CrihookProcess,
+    short_tmpdir,
+    wait_for,
+)
 from tests.lab.fake_runtime import FakeRuntime, Reply
 
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -53,6 +59,13 @@ def _unknown_field(number: int, payload: bytes) -> bytes:
             value >>= 7
         out.append(value)
     return bytes(out) + payload
+
+
+@pytest.fixture(autouse=True, params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both data paths (grpc.aio, and crihook's own HTTP/2)."""
+    monkeypatch.setenv(DATA_PATH_ENV, request.param)
+    return str(request.param)
 
 
 @pytest.fixture

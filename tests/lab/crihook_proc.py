@@ -14,9 +14,27 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["CrihookProcess", "clean_up_after", "made_so_far", "short_tmpdir", "wait_for"]
+__all__ = [
+    "DATA_PATHS",
+    "DATA_PATH_ENV",
+    "CrihookProcess",
+    "clean_up_after",
+    "default_data_path",
+    "made_so_far",
+    "short_tmpdir",
+    "wait_for",
+]
 
 _VERSION = "/runtime.v1.RuntimeService/Version"
+
+DATA_PATHS = ("grpc", "h2")
+DATA_PATH_ENV = "CRIHOOK_TEST_DATA_PATH"
+"""Which data path a CrihookProcess runs when its test does not say (`--data-path` of pytest
+sets it): so the whole suite can run on either."""
+
+
+def default_data_path() -> str:
+    return os.environ.get(DATA_PATH_ENV) or "grpc"
 
 
 _CREATED: list[Path] = []
@@ -64,7 +82,9 @@ class CrihookProcess:
         args: Sequence[str] = (),
         config: str | None = None,
         hooks: str | None = "none",
+        data_path: str | None = None,
     ) -> None:
+        self.data_path = data_path or default_data_path()
         self.workdir = workdir or short_tmpdir()
         self.socket_path = self.workdir / "crihook.sock"
         self.state_dir = self.workdir / "state"
@@ -100,6 +120,8 @@ class CrihookProcess:
             str(self.plugins_dir),
             "--log-level",
             "debug",
+            "--data-path",
+            self.data_path,
         ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]

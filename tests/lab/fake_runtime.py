@@ -35,12 +35,16 @@ class Reply:
     details: str = ""
     delay: float = 0.0
     stream: list[bytes] = field(default_factory=list)
+    initial_metadata: tuple[tuple[str, str | bytes], ...] = ()
+    trailing_metadata: tuple[tuple[str, str | bytes], ...] = ()
 
 
 class FakeRuntime:
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
         self.received: list[Received] = []
+        self.cancelled: list[str] = []
+        """Methods whose caller cancelled while the reply was delayed."""
         self.script: dict[str, Reply | Callable[[bytes], Reply]] = {}
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
@@ -61,8 +65,17 @@ class FakeRuntime:
         name = method.rsplit("/", 1)[-1]
         scripted = self.script.get(name, Reply())
         reply = scripted(request) if callable(scripted) else scripted
+        if reply.initial_metadata:
+            context.send_initial_metadata(reply.initial_metadata)
         if reply.delay:
-            time.sleep(reply.delay)
+            until = time.monotonic() + reply.delay
+            while time.monotonic() < until and context.is_active():
+                time.sleep(0.01)
+            if not context.is_active():
+                with self._lock:
+                    self.cancelled.append(name)
+        if reply.trailing_metadata:
+            context.set_trailing_metadata(reply.trailing_metadata)
         if reply.code is not None:
             context.abort(reply.code, reply.details)
         return reply
@@ -86,7 +99,10 @@ class FakeRuntime:
                 return grpc.unary_unary_rpc_method_handler(unary)
 
         self.socket_path.unlink(missing_ok=True)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32),
+            options=[("grpc.max_receive_message_length", -1)],  # as containerd: 16 MiB and more
+        )
         self._server.add_generic_rpc_handlers([Handler()])
         self._server.add_insecure_port(f"unix:{self.socket_path}")
         self._server.start()

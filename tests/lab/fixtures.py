@@ -11,6 +11,9 @@
   containerd during the test, whoever created it (directly or through crihook).
 - ``kubelet_direct`` (function): a KubeletClient on containerd's own socket; its pods are
   removed by ``pod_cleanup``.
+
+``--data-path grpc|h2`` chooses the data path of every crihook the tests start without
+naming one (tests/lab/crihook_proc.py); the fault and real-containerd proxy tests run on both.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 
 from tests.lab import containerd_versions, peers
 from tests.lab.containerd import Containerd, LabError
-from tests.lab.crihook_proc import clean_up_after, made_so_far
+from tests.lab.crihook_proc import DATA_PATH_ENV, DATA_PATHS, clean_up_after, made_so_far
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
 
@@ -49,9 +52,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"marked {containerd_versions.BOTH_MARKER} on 1.6 and 2.x, the rest on 1.6), "
         "1.6, 2, or both (every test on both)",
     )
+    parser.addoption(
+        "--data-path",
+        choices=DATA_PATHS,
+        default=None,
+        help="the data path of every crihook started without one (default: grpc, or "
+        f"${DATA_PATH_ENV})",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--data-path"):
+        os.environ[DATA_PATH_ENV] = config.getoption("--data-path")
     config.addinivalue_line(
         "markers",
         f"{containerd_versions.BOTH_MARKER}: real-containerd tests that run on containerd 1.6 "

@@ -189,6 +189,7 @@ VALID_TOP = [
         "server.max_message_bytes",
         32 * 1024 * 1024,
     ),
+    ("data_path", {"data_path": "h2"}, "server.data_path", "h2"),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
     (
         "node",
@@ -252,6 +253,7 @@ INVALID_TOP = [
     ("state_dir-int", {"state_dir": 5}, "state_dir"),
     ("plugins_dir-relative", {"plugins_dir": "hooks.d"}, "plugins_dir"),
     ("log_format", {"log_format": "xml"}, "log_format"),
+    ("data_path", {"data_path": "grpc.aio"}, "data_path"),
     ("log_level", {"log_level": "trace"}, "log_level"),
     ("metrics_listen-port-only", {"metrics_listen": "9464"}, "metrics_listen"),
     ("metrics_listen-no-host", {"metrics_listen": ":9464"}, "metrics_listen"),

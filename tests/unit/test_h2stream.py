@@ -10,7 +10,7 @@ import grpc
 import hpack
 import pytest
 
-from crihook.hooks.remote import h2
+from crihook.api.h2 import connection as h2
 from crihook.hooks.remote.h2stream import GrpcStream, StreamEnded
 
 PATH = "/crihook.hook.v1.Plugin/Stream"
