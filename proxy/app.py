@@ -433,4 +433,9 @@ async def run(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     app = App(settings)
     await app.serve(stop)
+    # Stopped cleanly. A stop signal repeated from here to the exit (the loop's teardown,
+    # the interpreter's) must not turn that into death by signal: ignored from now on.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
     return 0
