@@ -189,14 +189,17 @@ class CpusetHook(Hook):
                     f"{whose} pool is empty: exclusive containers hold all of its "
                     f"CPUs, so container {container.name!r} has no CPU to run on"
                 )
-            return Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+            why = f"cpus: {whose} pool" + _narrowed(scheduled)
+            return Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).because(why)
         finished = await self._exits(ctx)
         # From here on nothing awaits: the pick and the reservation see one state of the pool.
         self._finished.pop(ctx.pod.id, None)
         what = f"container {container.name!r} of pod {_pod(ctx.pod)}"
         kept = pool.attempt_cpus(ctx.pod.id, container.name)
+        why = f"cpus: {count} exclusive (whole CPUs of a Guaranteed container)"
         if len(kept) == count:
             cpus = kept  # a restart: kubelet keeps a container's CPUs under its name
+            why += ", kept from its last attempt"
         else:
             reusable = pool.reusable(ctx.pod.id, container.name, finished)
             if bubble is not None:
@@ -222,7 +225,9 @@ class CpusetHook(Hook):
             pod_name=_pod(ctx.pod),
         )
         pool.reserve(key, holder)
-        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        if bubble is not None:
+            why += f" from pod {_pod(ctx.pod)}'s own CPUs (pod topology scope)"
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).because(why)
         if self.config.disable_cfs_quota:
             adjustment.set_cpu_quota(-1)  # kubelet's DisableCPUQuotaWithExclusiveCPUs
         self._shared_updates(ctx.pod.id if bubble else None, adjustment)
@@ -274,7 +279,7 @@ class CpusetHook(Hook):
             return None
         if holder.cpus and not holder.scheduled:
             _refuse_cpu_resize(holder, ctx.request.linux, container)  # type: ignore[attr-defined]
-        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want))
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want)).because(_kept(holder))
         if holder.cpus and self.config.disable_cfs_quota:
             adjustment.set_cpu_quota(-1)
         return adjustment
@@ -361,7 +366,10 @@ class CpusetHook(Hook):
             pod_name=_pod(pod),
         )
         pool.reserve(key, holder)
-        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        why = f"cpus: koord-scheduler's ({RESOURCE_STATUS_ANNOTATION})"
+        if not be_shares:
+            why += ", out of the BE pool too (LSE)"
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).because(why)
         if self.config.disable_cfs_quota:
             adjustment.set_cpu_quota(-1)  # Koordinator unsets it for cpuset pods too
         # An LSR pod's CPUs stay in the BE pool: only the shared pool changed.
@@ -414,8 +422,14 @@ class CpusetHook(Hook):
     def _gave_back(self, holder: Holder, freed: frozenset[int]) -> Adjustment | None:
         """Updates for the shared pool that grew when `holder` gave its CPUs back."""
         if holder.in_bubble:  # its slice returns to its pod's shared pool
-            return self._shared_updates(holder.pod) if holder.cpus else None
-        return self._shared_updates(None, be_changed=not holder.be_shares) if freed else None
+            out = self._shared_updates(holder.pod) if holder.cpus else None
+            return out.because("cpus given back to its pod's shared pool") if out else None
+        out = self._shared_updates(None, be_changed=not holder.be_shares) if freed else None
+        return (
+            out.because(f"cpus {format_cpu_list(freed)} given back: the pools grow")
+            if out
+            else None
+        )
 
     def _keep_node_shared_pool(self, cpus: frozenset[int], what: str) -> None:
         """Refuse to take the node's last shared CPUs while shared containers run on them: an
@@ -545,6 +559,26 @@ def _member_of(pod: PodView, scheduled: ScheduledResources) -> tuple[str, frozen
     if scheduled.numa_nodes:
         return SHARED_POOL, scheduled.numa_nodes
     return member_pool(pod), frozenset()
+
+
+def _narrowed(scheduled: ScheduledResources) -> str:
+    if not scheduled.numa_nodes:
+        return ""
+    nodes = format_cpu_list(scheduled.numa_nodes)
+    return f" of NUMA node(s) {nodes} ({RESOURCE_STATUS_ANNOTATION})"
+
+
+def _kept(holder: Holder) -> str:
+    """Why a container's cpuset is re-applied on UpdateContainerResources."""
+    if holder.scheduled:
+        what = f"koord-scheduler's cpus ({RESOURCE_STATUS_ANNOTATION})"
+    elif holder.cpus:
+        what = "its exclusive CPUs"
+    elif holder.in_bubble:
+        what = "its pod's shared pool"
+    else:
+        what = f"the node's {_POOL_NAMES.get(holder.pool, holder.pool)} pool"
+    return f"cpus kept: {what} (kubelet's resources would undo it)"
 
 
 def _container(ctx: HookContext) -> ContainerView:
