@@ -4,18 +4,18 @@ the signals Koordinator puts on them (`protocol`), without the API server.
     RunPodSandbox    pre: a pod koord-scheduler gave CPUs gets them, and no CFS quota, on
                           its sandbox; a BE pod its batch resources, summed (`batch`)
     CreateContainer  hints/pre/post/failed: CPUs placed on Koordinator's pools by the
-                          cpuset ledger (`cpu_manager = "none"`); pre: a BE container its
+                          CPU ledger (`cpu_manager = "none"`); pre: a BE container its
                           batch CFS quota/period, shares and memory limit
     UpdateContainerResources  pre: the cpuset and the batch values stay (kubelet re-sends
                           BestEffort resources)
     UpdatePodSandboxResources pre: the pod-level values stay
     Stop/RemoveContainer, RemovePodSandbox  post: CPUs given back, pools updated
 
-CPU placement is one ledger, the cpuset package's, shared by both hooks that place CPUs:
-with `cpu_manager = "none"` this hook runs it in kubelet's `none` mode (no exclusive CPUs
-but the scheduler's); with `cpu_manager = "cpuset"` the cpuset hook (before this one in the
-chain) runs it as kubelet's static policy, and this hook sets no container cpuset. Either
-way the ledger honours Koordinator's CPU signals (`crihook.hooks.cpuset.koordinator`).
+CPU placement is one ledger (`crihook.hooks.cpus`, below both hooks that place CPUs): with
+`cpu_manager = "none"` this hook runs one in kubelet's `none` mode (no exclusive CPUs but the
+scheduler's); with `cpu_manager = "cpuset"` the cpuset hook (before this one in the chain)
+is the ledger, as kubelet's static policy, and this hook sets no container cpuset. Either
+way the ledger honours Koordinator's CPU signals (`crihook.hooks.cpus.koordinator`).
 
 A pod labelled `runtimeproxy.koordinator.sh/skip-hookserver: "true"`, and a pod crihook
 exempts (`exempt_namespaces`, `exempt_labels`: `HookContext.exempt`), gets nothing of
@@ -34,8 +34,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crihook.hooks.cpuset import CpusetHook
-from crihook.hooks.cpuset.koordinator import (
+from crihook.hooks.cpus import CpuLedger
+from crihook.hooks.cpus.koordinator import (
     QOS_LABEL,
     RESOURCE_STATUS_ANNOTATION,
     ScheduledResources,
@@ -80,14 +80,14 @@ class KoordinatorHook(Hook):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.config: KoordinatorOptions = parse_options(self.options)
-        self._cpus: CpusetHook | None = None
+        self._cpus: CpuLedger | None = None
         """The CPU ledger, when this hook places CPUs (`cpu_manager = "none"`)."""
         if self.config.places_cpus:
-            self._cpus = CpusetHook(cpuset_options(self.config))
+            self._cpus = CpuLedger(cpuset_options(self.config))
         self._node: Topology | None = None
 
     @property
-    def ledger(self) -> CpusetHook | None:
+    def ledger(self) -> CpuLedger | None:
         return self._cpus
 
     # --- start-up ----------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.cpuset import CpusetHook, take_cpus
-from crihook.hooks.cpuset.options import CpusetOptions, parse_options
-from crihook.hooks.cpuset.pool import Holder
+from crihook.hooks.cpus import take_cpus
+from crihook.hooks.cpus.options import CpusetOptions, parse_options
+from crihook.hooks.cpus.pool import Holder
+from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import parse_cpu_list
 from crihook.hooks.spec import Adjustment, Field, PodView, Reject
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
