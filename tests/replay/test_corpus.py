@@ -131,6 +131,13 @@ def test_the_colocated_corpus_is_the_workload_the_issue_asks_for() -> None:
     assert statuses == Counter({"OK": len(calls) - 1, "INVALID_ARGUMENT": 1})
     header = json.loads(COLOCATED.read_text().splitlines()[0])
     assert header["config"]["hooks"]["order"] == ["25-koordinator"]
+    # The recording itself keeps each hook's reason next to its verdict.
+    lsr = next(
+        c for c in calls if c.event.value == "CreateContainer" and c.doc["pod"] == "default/lsr-0"
+    )
+    pre = next(h for h in lsr.doc["hooks"] if h["stage"] == "pre")
+    assert pre["verdict"] == "adjusted"
+    assert pre["detail"].startswith(f"cpus: koord-scheduler's ({STATUS})")
 
 
 def _block(lines: list[str], heading: str) -> list[str]:

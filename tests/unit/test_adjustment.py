@@ -298,6 +298,6 @@ def test_a_reason_explains_and_changes_nothing() -> None:
     assert adj.reason == "scheduler's cpus; LSR"
     assert adj == Adjustment().set_cpuset_cpus("2-3")  # the reason is not a change
     assert not Adjustment().because("skipped")  # nothing set: still empty
-    assert "because \"scheduler's cpus; LSR\"" in repr(adj)
+    assert 'because "scheduler\'s cpus; LSR"' in repr(adj)
     with pytest.raises(TypeError):
         Adjustment().because(3)  # type: ignore[arg-type]
