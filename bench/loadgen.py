@@ -12,6 +12,12 @@ window.
 the same name): every occurrence of the ASCII marker in the payload is replaced by a
 zero-padded counter of the same width, so no length prefix changes.
 
+``--lifecycle`` measures a pod sandbox's life instead of one call: the method is
+RunPodSandbox, and each "call" is RunPodSandbox then StopPodSandbox of the sandbox it made,
+timed together; RemovePodSandbox follows, untimed (its CPU is in the window's CPU per call).
+``--min-count N`` keeps the window open until N calls completed (slow calls: a sandbox takes
+a few hundred ms).
+
     python -m bench.loadgen --target unix:///run/x.sock \
         --method /runtime.v1.RuntimeService/ListContainers --payload req.bin \
         --concurrency 16 --warmup 0.5 --duration 2.5 --watch crihook=1234
@@ -37,6 +43,7 @@ from pathlib import Path
 import grpc
 
 from bench.procfs import CLK_TCK, cpu_ticks
+from crihook.api.cri.v1 import api_pb2
 
 __all__ = ["main", "percentile"]
 
@@ -107,6 +114,21 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             response_deserializer=None,
             _registered_method=True,
         )
+        service = args.method.rsplit("/", 1)[0]
+        stop_call = channel.unary_unary(f"{service}/StopPodSandbox", _registered_method=True)
+        remove_call = channel.unary_unary(f"{service}/RemovePodSandbox", _registered_method=True)
+
+        async def end_of_life(response: bytes) -> None:
+            """StopPodSandbox (timed by the caller), then RemovePodSandbox (after the clock)."""
+            sandbox = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
+            request = api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox).SerializeToString()
+            await stop_call(request, timeout=timeout)
+
+        async def remove(response: bytes) -> None:
+            sandbox = api_pb2.RunPodSandboxResponse.FromString(response).pod_sandbox_id
+            request = api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox)
+            await remove_call(request.SerializeToString(), timeout=timeout)
+
         latencies: list[int] = []
         errors: Counter[str] = Counter()
         warmup_errors: Counter[str] = Counter()
@@ -121,13 +143,19 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 request = make_request()
                 started = clock()
                 code = None
+                response = None
                 try:
-                    await call(request, timeout=timeout)
+                    response = await call(request, timeout=timeout)
+                    if args.lifecycle:
+                        await end_of_life(response)
                 except grpc.aio.AioRpcError as exc:
                     code = exc.code().name
                     if not first_error:
                         first_error.append(f"{code}: {exc.details()}")
                 elapsed = clock() - started
+                if args.lifecycle and response is not None:
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await remove(response)
                 if measuring:
                     if code is None:
                         latencies.append(elapsed)
@@ -147,6 +175,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         window_start = clock()
         measuring = True
         await asyncio.sleep(args.duration)
+        while len(latencies) + sum(errors.values()) < args.min_count:
+            await asyncio.sleep(0.01)
         measuring = False
         window_end = clock()
         own_after = os.times()
@@ -214,6 +244,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring")
     p.add_argument("--duration", type=float, default=2.5, help="measured seconds")
     p.add_argument("--timeout", type=float, default=30.0, help="per-call deadline, seconds")
+    p.add_argument(
+        "--lifecycle",
+        action="store_true",
+        help="RunPodSandbox then StopPodSandbox timed as one call (RemovePodSandbox untimed)",
+    )
+    p.add_argument("--min-count", type=int, default=0, help="measure at least this many calls")
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument(
         "--watch",

@@ -24,14 +24,19 @@ __all__ = [
     "CREATE_CONTAINER",
     "DEVICES_CONFIG",
     "DEVICE_ANNOTATIONS",
+    "LIFECYCLE_LABEL",
     "LIST_CONTAINERS",
     "LOAD_LABEL",
     "NAME_MARKER",
+    "NETDEV_CONFIG",
+    "NETDEV_PARENT_PREFIX",
+    "RUN_POD_SANDBOX",
     "VERSION",
     "bench_pod",
     "canned_responses",
     "create_container_request",
     "fake_create_container_request",
+    "lifecycle_pod",
     "list_containers_request",
     "mount_sources",
     "runtime_methods",
@@ -42,6 +47,7 @@ VERSION = f"/{RUNTIME_SERVICE}/Version"
 LIST_CONTAINERS = f"/{RUNTIME_SERVICE}/ListContainers"
 CREATE_CONTAINER = f"/{RUNTIME_SERVICE}/CreateContainer"
 LIST_POD_SANDBOX = f"/{RUNTIME_SERVICE}/ListPodSandbox"
+RUN_POD_SANDBOX = f"/{RUNTIME_SERVICE}/RunPodSandbox"
 
 # Replaced by the load generator with a zero-padded counter, so every CreateContainer has its
 # own container name (same width: no length prefix changes).
@@ -70,6 +76,34 @@ DEVICES_CONFIG = (
     + ", ".join(f'{{ id = "{i}", path = "/dev/tty{i}" }}' for i in range(1, 33))
     + "]\n"
 )
+
+
+# The sandbox lifecycle (RunPodSandbox + StopPodSandbox) on a real containerd: a pod on the
+# pod network (CNI) asking the `netdev` hook for one macvlan on a bridge the bench makes
+# (ignored without the hook). The bridge's name starts with NETDEV_PARENT_PREFIX.
+LIFECYCLE_LABEL = "bench.crihook.io/lifecycle"
+NETDEV_PARENT_PREFIX = "chbn"
+NETDEV_CONFIG = (
+    "[hooks.netdev]\n"
+    'namespaces = ["bench"]\n'
+    f'parents = ["{NETDEV_PARENT_PREFIX}*"]\n'
+    "timeout_ms = 5000\n"
+)
+
+
+def lifecycle_pod(parent: str) -> PodSpec:
+    """A pod-network pod with one macvlan on `parent` asked of the netdev hook; its name and
+    uid carry NAME_MARKER (a pod per call)."""
+    links = f'[{{"name": "net1", "type": "macvlan", "parent": "{parent}"}}]'
+    return PodSpec(
+        name=f"net-{NAME_MARKER}",
+        namespace="bench",
+        uid=f"be4c0000-0000-4000-80{NAME_MARKER}",
+        labels={"app": "net", LIFECYCLE_LABEL: "1"},
+        annotations={"netdevs.crihook.io/pod": links},
+        host_network=False,
+        containers=[],
+    )
 
 
 def _hex_id(seed: str) -> str:

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 
 from bench.loadgen import percentile
-from crihook.hooks.cpuset import take_cpus
-from crihook.hooks.cpuset.picker import _index
+from crihook.hooks.cpus import take_cpus
+from crihook.hooks.cpus.picker import _index
 from crihook.hooks.node.topology import CPUInfo, Topology
 
 SIZES = (1, 2, 4, 8, 16)

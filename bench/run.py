@@ -91,6 +91,9 @@ class Scenario:
     hooks: int = 0
     plugins: int = 0
     chain_budget_us: float | None = None
+    lifecycle: bool = False
+    """Selecting it also measures the sandbox lifecycle (RunPodSandbox + StopPodSandbox of a
+    pod-network pod) on the real containerd, for the direct path and every scenario."""
 
 
 def _annotate_hooks(count: int) -> str:
@@ -199,6 +202,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         chain_budget_us=100.0,
     ),
     Scenario(
+        name="netdev",
+        args=("--hooks", "netdev"),
+        config=payloads.NETDEV_CONFIG,
+        about="the built-in netdev hook: selecting it adds the sandbox lifecycle on the real "
+        "containerd (RunPodSandbox then StopPodSandbox of a pod-network pod asking for one "
+        "macvlan on a bridge the bench makes; crihook creates it in the pod's netns after "
+        "RunPodSandbox and deletes it before StopPodSandbox), measured for every path. Not "
+        "measured by default (with hooks-none: --scenario hooks-none --scenario netdev)",
+        default=False,
+        lifecycle=True,
+    ),
+    Scenario(
         name="plugin-1",
         args=("--hooks", "none"),
         files={
@@ -251,6 +266,9 @@ METHODS: tuple[Method, ...] = (
     Method("ListContainers", payloads.LIST_CONTAINERS, "pass-through"),
     Method("CreateContainer", payloads.CREATE_CONTAINER, "intercepted"),
 )
+LIFECYCLE = Method("RunPodSandbox+StopPodSandbox", payloads.RUN_POD_SANDBOX, "lifecycle")
+"""Real containerd only, one at a time: a pod sandbox made and stopped (removed untimed)."""
+LIFECYCLE_MIN_COUNT = 10
 
 
 @dataclass(frozen=True)
@@ -410,12 +428,15 @@ class ContainerdBackend:
 
     name = "containerd"
 
-    def __init__(self, workdir: Path, containerd: str = "1.6", resident: int = 10) -> None:
+    def __init__(
+        self, workdir: Path, containerd: str = "1.6", resident: int = 10, lifecycle: bool = False
+    ) -> None:
         from tests.lab.containerd import Containerd
         from tests.lab.kubelet import KubeletClient
         from tests.lab.peers import containerd_binaries
 
         self._lab = Containerd(workdir / "ctrd", binaries=containerd_binaries(containerd))
+        self._bridge: str | None = None
         try:
             self._lab.start()
             self.endpoint = self._lab.endpoint
@@ -463,6 +484,16 @@ class ContainerdBackend:
                     "ListContainers": Payload(payloads.list_containers_request()),
                     "CreateContainer": Payload(request(), payloads.NAME_MARKER),
                 }
+                if lifecycle:
+                    self._bridge = make_bridge()
+                    net_pod = payloads.lifecycle_pod(self._bridge)
+                    net_sandbox = kubelet.sandbox_config(net_pod)
+                    # kubelet makes the pod's log directory first; the marker is in its path
+                    Path(net_sandbox.log_directory).parent.mkdir(parents=True, exist_ok=True)
+                    self._payloads[LIFECYCLE.name] = Payload(
+                        api_pb2.RunPodSandboxRequest(config=net_sandbox).SerializeToString(),
+                        payloads.NAME_MARKER,
+                    )
         except BaseException:
             self.close()
             raise
@@ -477,9 +508,49 @@ class ContainerdBackend:
     def after_cell(self, target: str, method: Method) -> None:
         if method.name == "CreateContainer":
             remove_load_containers(target, self.sandbox_id)
+        elif method is LIFECYCLE:
+            remove_lifecycle_sandboxes(target)
 
     def close(self) -> None:
-        self._lab.cleanup()
+        try:
+            self._lab.cleanup()
+        finally:
+            if self._bridge is not None:
+                subprocess.run(
+                    ["ip", "link", "del", self._bridge], capture_output=True, check=False
+                )
+
+
+def make_bridge() -> str:
+    """A bridge on the host for the lifecycle pods' macvlans (removed by the backend)."""
+    name = f"{payloads.NETDEV_PARENT_PREFIX}{os.getpid() % 100_000}"
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True, capture_output=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True, capture_output=True)
+    return name
+
+
+def remove_lifecycle_sandboxes(target: str) -> int:
+    """Stop and remove every sandbox a lifecycle cell left (a call cut short)."""
+    with grpc.insecure_channel(target) as channel:
+        listed = channel.unary_unary(
+            payloads.LIST_POD_SANDBOX,
+            request_serializer=api_pb2.ListPodSandboxRequest.SerializeToString,
+            response_deserializer=api_pb2.ListPodSandboxResponse.FromString,
+        )(
+            api_pb2.ListPodSandboxRequest(
+                filter=api_pb2.PodSandboxFilter(label_selector={payloads.LIFECYCLE_LABEL: "1"})
+            ),
+            timeout=120,
+        )
+        for sandbox in listed.items:
+            for verb in ("StopPodSandbox", "RemovePodSandbox"):
+                request_type = getattr(api_pb2, f"{verb}Request")
+                channel.unary_unary(
+                    f"/{payloads.RUNTIME_SERVICE}/{verb}",
+                    request_serializer=request_type.SerializeToString,
+                    response_deserializer=lambda _: None,
+                )(request_type(pod_sandbox_id=sandbox.id), timeout=120)
+    return len(listed.items)
 
 
 def remove_load_containers(target: str, sandbox_id: str, parallel: int = 8) -> int:
@@ -666,7 +737,8 @@ class Bench:
         self.backends: dict[str, Backend] = {}
         self.crihooks: dict[tuple[str, str], Crihook | GoProxy] = {}
         self.scenarios = [s for s in SCENARIOS if s.name in args.scenarios]
-        self.methods = {m.name: m for m in METHODS}
+        self.methods = {m.name: m for m in (*METHODS, LIFECYCLE)}
+        self.lifecycle = any(s.lifecycle for s in self.scenarios)
         self._next_index = 0
         self.tools_env = (
             {"GRPC_EXPERIMENTS": args.tools_grpc_experiments} if args.tools_grpc_experiments else {}
@@ -683,9 +755,11 @@ class Bench:
             self._say(
                 f"starting a real containerd {self.args.containerd} (tests.lab) and a pod sandbox"
             )
-            self.backends["containerd"] = ContainerdBackend(self.workdir, self.args.containerd)
+            self.backends["containerd"] = ContainerdBackend(
+                self.workdir, self.args.containerd, lifecycle=self.lifecycle
+            )
         for backend in self.backends.values():
-            for method in METHODS:
+            for method in self._methods_of(backend.name):
                 path = self.workdir / f"payload-{backend.name}-{method.name}.bin"
                 path.write_bytes(backend.payload(method).data)
                 self._payload_files[(backend.name, method.name)] = path
@@ -713,6 +787,11 @@ class Bench:
             except Exception as exc:
                 print(f"warning: closing backend {backend.name}: {exc}", file=sys.stderr)
 
+    def _methods_of(self, backend: str) -> tuple[Method, ...]:
+        if backend == "containerd" and self.lifecycle:
+            return (*METHODS, LIFECYCLE)
+        return METHODS
+
     def cells(self) -> list[Cell]:
         paths = [DIRECT, *(s.name for s in self.scenarios)]
         if self.args.go_proxy is not None:
@@ -720,8 +799,8 @@ class Bench:
         return [
             Cell(b, m.name, c, p)
             for b in self.backends
-            for m in METHODS
-            for c in self.args.concurrency
+            for m in self._methods_of(b)
+            for c in (self.args.concurrency if m is not LIFECYCLE else [1])
             for p in paths
         ]
 
@@ -777,6 +856,8 @@ class Bench:
         if payload.marker:
             argv += ["--unique-marker", payload.marker]
             argv += ["--start-index", str(self._take_indices(1_000_000))]
+        if method is LIFECYCLE:
+            argv += ["--lifecycle", "--min-count", str(LIFECYCLE_MIN_COUNT)]
         for pid in backend.pids():
             argv += ["--watch", f"runtime={pid}"]
         if cell.path != DIRECT:
@@ -896,7 +977,7 @@ def _fmt(value: float | None, kind: str = "int") -> str:
 
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:
-    kinds = {m.name: m.kind for m in METHODS}
+    kinds = {m.name: m.kind for m in (*METHODS, LIFECYCLE)}
     head = (
         "| backend | method | c | path | p50 µs | p99 µs | req/s | added p50 µs (min…max) "
         f"| p50 {TIMES} | p99 {TIMES} | req/s {TIMES} | crihook CPU µs/call "

@@ -310,6 +310,7 @@ class Chain:
                 continue
             ctx = self._context(entry, event, stage, pod, container, request, response, deadline)
             ctx.affinity = affinity
+            ctx.exempt = exempt
             if ran is not None:
                 ran.append(entry.name)
             started = perf_counter()
@@ -319,16 +320,20 @@ class Chain:
                 if trace is not None:
                     trace.append(_failed_run(entry.name, stage, exc, started))
                 raise
-            if adjustment is None:
+            if not adjustment:  # None, or empty (with at most a reason)
                 if trace is not None:
                     why = merger.unapplied.get(entry.name, "")
                     verdict = "ignored" if why else "nothing"
+                    why = why or (adjustment.reason if adjustment is not None else "")
                     trace.append((entry.name, stage, verdict, why, None, perf_counter() - started))
                 continue
             dry = self.settings.dry_run or entry.settings.dry_run
             if trace is not None:
                 verdict = "dry-run" if dry else "adjusted"
-                trace.append((entry.name, stage, verdict, "", adjustment, perf_counter() - started))
+                why = adjustment.reason
+                trace.append(
+                    (entry.name, stage, verdict, why, adjustment, perf_counter() - started)
+                )
             if dry:
                 log.info(
                     "dry-run: %s would apply %r",
@@ -374,6 +379,7 @@ class Chain:
             ctx = self._context(
                 entry, event, Stage.VALIDATE, pod, container, request, None, deadline
             )
+            ctx.exempt = exempt
             ctx.owners = owners
             started = perf_counter()
             verdict, why = "ok", ""
@@ -445,6 +451,7 @@ class Chain:
             if not entry.wants(event, Stage.HINTS, exempt):
                 continue
             ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
+            ctx.exempt = exempt
             started = perf_counter()
             verdict, why, hints = "nothing", "", None
             try:
@@ -484,6 +491,7 @@ class Chain:
                 continue
             ctx = self._context(entry, event, Stage.FAILED, pod, container, request, None, None)
             ctx.failure = failure
+            ctx.exempt = self.exempt(pod)
             started = perf_counter()
             verdict, why = "told", failure
             try:
@@ -524,9 +532,10 @@ class Chain:
         ctx: HookContext,
         must: str | None = None,
     ) -> Adjustment | None:
-        """A pre/post call: its valid, permitted, non-empty adjustment, or None (nothing to
-        apply, or an ignored failure); raises for a Reject, for a failure under `fail`, and
-        for any failure of a required hook (`must`: who requires it)."""
+        """A pre/post call: its valid, permitted, non-empty adjustment, an empty one (nothing
+        to apply, but a reason), or None (nothing, or an ignored failure); raises for a
+        Reject, for a failure under `fail`, and for any failure of a required hook (`must`:
+        who requires it)."""
         try:
             answer = await self._invoke(entry, ctx)
         except HookRejected:
@@ -536,7 +545,7 @@ class Chain:
             merger.unapplied[entry.name] = f"{error} (failure_policy=ignore)"
             return None
         if answer is None or (isinstance(answer, Adjustment) and not answer):
-            return None  # an empty one has nothing to validate or apply
+            return answer  # an empty one has nothing to validate or apply (but its reason)
         try:
             if not isinstance(answer, Adjustment):
                 raise HookInvalidAdjustment(

@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--update", action="store_true", help="rewrite the recording's expectations"
     )
     replay.add_argument(
+        "--explain", action="append", default=[], metavar="HOOK",
+        help="also show, per container, what HOOK set and why (repeatable; the exit status "
+        "stays that of the comparison)",
+    )  # fmt: skip
+    replay.add_argument(
         "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"),
         default="error", help="crihook's own log while replaying (default error)",
     )  # fmt: skip
@@ -192,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from crihook.proxy.replay_cli import replay_command
 
             configure_logging("plain", args.log_level)
-            return replay_command(args.file, args.config, args.hooks, args.update, sys.stdout)
+            return replay_command(
+                args.file, args.config, args.hooks, args.update, sys.stdout, args.explain
+            )
         from crihook.proxy.state_cli import show_state
 
         return show_state(args.state_dir, args.json)

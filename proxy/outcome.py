@@ -88,7 +88,8 @@ class HookRun(NamedTuple):
     """`adjusted`, `nothing`, `hints`, `ok` (a validator), `told` (failed stage),
     `dry-run`, `ignored` (a failure under failure_policy=ignore), `rejected`, `failed`."""
     detail: str
-    """Why, for `ignored`, `rejected`, `failed` and `dry-run`; else empty."""
+    """Why: for `ignored`, `rejected`, `failed` and `dry-run` what went wrong; for `adjusted`
+    and `nothing` the hook's own reason (`Adjustment.because`), or empty."""
     answer: Any
     """The Adjustment (pre/post), the hints (hints stage), or None."""
     seconds: float

@@ -1,7 +1,9 @@
-"""`crihook replay FILE [--config F] [--hooks NAMES|none] [--update]`: the command around
-`proxy.replay`: read the file (exit 2 naming the line when it cannot be replayed), replay it,
-print each differing call with its fields, exit 0 when everything matches and 1 otherwise;
-`--update` rewrites the recording's expectations with what the replay did.
+"""`crihook replay FILE [--config F] [--hooks NAMES|none] [--update] [--explain HOOK]`: the
+command around `proxy.replay`: read the file (exit 2 naming the line when it cannot be
+replayed), replay it, print each differing call with its fields, exit 0 when everything
+matches and 1 otherwise; `--update` rewrites the recording's expectations with what the replay
+did; `--explain HOOK` also prints, per container, what that hook set and why
+(`replay_explain`), whatever the exit status.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,6 +19,7 @@ from crihook.proxy.config import Settings, load_config
 from crihook.proxy.config_doc import settings_doc
 from crihook.proxy.record_format import encode_line
 from crihook.proxy.replay import ReplayReport, replay, settings_for
+from crihook.proxy.replay_explain import explain_all
 from crihook.proxy.replay_file import CallEntry, RecordingError, SyncEntry, read_recording
 
 __all__ = ["replay_command", "write_updated"]
@@ -55,10 +59,16 @@ def write_updated(report: ReplayReport, config: Settings | None, hooks: str | No
 
 
 def replay_command(
-    path: Path, config_path: Path | None, hooks: str | None, update: bool, out: TextIO
+    path: Path,
+    config_path: Path | None,
+    hooks: str | None,
+    update: bool,
+    out: TextIO,
+    explain: Sequence[str] = (),
 ) -> int:
     """`crihook replay`: 0 everything matches (or --update rewrote it), 1 a difference,
-    2 a file that cannot be replayed or a bad configuration."""
+    2 a file that cannot be replayed or a bad configuration. `explain` (hook names) adds
+    what those hooks set and why; it does not change the exit status."""
     try:
         recording = read_recording(path)
     except RecordingError as exc:
@@ -68,6 +78,8 @@ def replay_command(
     report = asyncio.run(replay(recording, config, hooks))
     for warning in report.warnings:
         print(f"warning: {warning}", file=out)
+    for line in explain_all(report, explain):
+        print(line, file=out)
     for result in report.results:
         if not result.differences:
             continue

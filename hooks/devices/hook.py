@@ -1,11 +1,13 @@
 """The built-in `devices` hook: device nodes, host mounts, env and pooled devices that pods ask
 for by annotation, injected only as far as the node's policy allows.
 
-    CreateContainer  hints: the NUMA nodes whose free pooled devices could serve the request
-                     pre: the request checked (see `policy`), pooled devices reserved (and
-                          recorded in the container's annotation pools.crihook.io/assigned),
-                          devices, mounts and env added; a refusal names the annotation and
-                          the entry, and leaves nothing reserved
+    CreateContainer  hints: the NUMA nodes whose free (or reusable) pooled devices could serve
+                          the request
+                     pre: the request checked (see `policy`), pooled devices reserved (the
+                          pod's exited init containers' first; written ahead in the hook's
+                          state and recorded in the container's annotation
+                          pools.crihook.io/assigned), devices, mounts and env added; a refusal
+                          names the annotation and the entry, and leaves nothing reserved
                      post: the reservation confirmed under the container's id
                      failed: the reservation released
     RemoveContainer  post: the container's pooled devices go back once no container of its
@@ -13,10 +15,12 @@ for by annotation, injected only as far as the node's policy allows.
     RemovePodSandbox post: everything of the pod goes back
 
 Pooled devices are held per pod and container name, as kubelet's device manager holds them:
-a restarted container gets the same ones. At start (and after a reconcile) the holdings are
-checked against the containers the runtime has, and a container that carries devices crihook
-did not record (it stopped before the runtime answered) is adopted. Exempt pods are not
-called: what they ask for is not injected.
+a restarted container gets the same ones, and a later container of the pod reuses those of
+its init containers (`pools`). At start (and after a reconcile) the holdings are checked
+against the containers the runtime has: a reservation the runtime made the container for is
+confirmed, one it did not is released, and a container that carries devices crihook has no
+record of (its state was lost) is adopted. Exempt pods are not called: what they ask for is
+not injected.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from crihook.hooks.devices.pools import (
 )
 from crihook.hooks.spec import (
     Adjustment,
+    ContainerState,
     ContainerUpdate,
     ContainerView,
     Hook,
@@ -54,6 +59,7 @@ from crihook.hooks.spec import (
     PoolUsage,
     Reject,
     ResourceHints,
+    RuntimeQueries,
     SyncContext,
 )
 
@@ -75,6 +81,9 @@ class DevicesHook(Hook):
         self._book: PoolBook | None = None
         self._numa_nodes: tuple[int, ...] = ()
         self._pooled = PooledIndex()
+        self._runtime: RuntimeQueries | None = None
+        self._finished: dict[str, Mapping[str, bool]] = {}
+        """Pod id → which of its containers have exited, asked once per CreateContainer."""
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -87,6 +96,7 @@ class DevicesHook(Hook):
                 log.error("devices: saved holding dropped: %s", what)
             self._book = book
         self._numa_nodes = sync.node.numa_nodes
+        self._runtime = sync.runtime
         freed, problems = self._book.reconcile(sync.containers)
         for allocation in freed:
             log.info(
@@ -142,6 +152,8 @@ class DevicesHook(Hook):
         if not asked:
             return None
         held = self.book.of(ctx.pod.id, container.name)
+        self._finished.pop(ctx.pod.id, None)  # asked anew for every call
+        reusable = {} if held is not None else await self._reusable(ctx.pod, container)
         hints: dict[str, Any] = {}
         for name, count in asked.items():
             pool = self.policy.pools.get(name)
@@ -152,7 +164,7 @@ class DevicesHook(Hook):
             else:
                 available = self.book.available(name)
             hints[f"devices/{name}"] = device_hints(
-                pool.devices, available, count, self._numa_nodes
+                pool.devices, available, count, self._numa_nodes, reusable.get(name, frozenset())
             )
         return hints or None
 
@@ -176,7 +188,10 @@ class DevicesHook(Hook):
         for entry in granted.env:
             adjustment.set_env(entry.name, entry.value)
         if ask.pools:
-            self._add_pooled(ctx, container, ask, adjustment)
+            reusable = await self._reusable(ctx.pod, container)
+            # From here on nothing awaits: the pick and the reservation see one book.
+            self._finished.pop(ctx.pod.id, None)
+            self._add_pooled(ctx, container, ask, adjustment, reusable)
         return adjustment
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
@@ -188,6 +203,7 @@ class DevicesHook(Hook):
 
     async def failed_create_container(self, ctx: HookContext) -> None:
         container = _container(ctx)
+        self._finished.pop(ctx.pod.id, None)
         if self.book.release_pending(ctx.pod.id, container.name):
             log.debug("devices: reservation of %s released (%s)", container.name, ctx.failure)
 
@@ -203,8 +219,28 @@ class DevicesHook(Hook):
         return None
 
     # --- pooled devices ----------------------------------------------------------------------
+    async def _reusable(
+        self, pod: PodView, container: ContainerView
+    ) -> Mapping[str, frozenset[str]]:
+        """Pool → devices of the pod's exited init containers the container may take. Asks
+        the runtime (once per call) only when the pod has containers of unknown kind."""
+        book = self.book
+        finished = self._finished.get(pod.id)
+        if finished is None:
+            finished = {}
+            if self._runtime is not None and book.undecided(pod.id):
+                states = await self._runtime.container_states(pod.id)
+                finished = {cid: s is ContainerState.EXITED for cid, s in states.items()}
+            self._finished[pod.id] = finished
+        return book.reusable(pod.id, container.name, finished)
+
     def _add_pooled(
-        self, ctx: HookContext, container: ContainerView, ask: ContainerAsk, out: Adjustment
+        self,
+        ctx: HookContext,
+        container: ContainerView,
+        ask: ContainerAsk,
+        out: Adjustment,
+        reusable: Mapping[str, frozenset[str]],
     ) -> None:
         """Pick (or keep, for a restart) the pooled devices and add them; reserves them last,
         once nothing can refuse the request any more."""
@@ -235,7 +271,12 @@ class DevicesHook(Hook):
             chosen = dict(held.devices)
         else:
             affinity = ctx.affinity.numa if ctx.affinity is not None else None
-            chosen = {p.name: self._pick(p, n, affinity, ask.pools_from[p.name]) for p, n in pools}
+            chosen = {
+                p.name: self._pick(
+                    p, n, affinity, ask.pools_from[p.name], reusable.get(p.name, frozenset())
+                )
+                for p, n in pools
+            }
         taken = {c.container_path for c in ask.devices}
         for pool, _ in pools:
             by_id = pool.by_id
@@ -251,23 +292,31 @@ class DevicesHook(Hook):
                 out.set_env(pool.env, ",".join(chosen[pool.name]))
         out.set_annotation(ASSIGNED, assigned_value(chosen))
         if held is None:
-            book.reserve(ctx.pod.id, container.name, chosen)
+            book.reserve(ctx.pod.id, container.name, chosen, container.kind.value)
 
     def _pick(
-        self, pool: Pool, count: int, affinity: frozenset[int] | None, where: str
+        self,
+        pool: Pool,
+        count: int,
+        affinity: frozenset[int] | None,
+        where: str,
+        reusable: frozenset[str] = frozenset(),
     ) -> tuple[str, ...]:
-        """`count` free devices of `pool` whose nodes are on the host now; Reject when the
-        pool cannot serve it."""
+        """`count` devices of `pool` whose nodes are on the host now: the reusable ones (an
+        exited init container's) first, as kubelet takes them, then free ones; Reject when
+        the pool cannot serve it."""
         book = self.book
         if affinity is None and pool.aligned:  # no topology policy: still few NUMA nodes
             available = book.available(pool.name)
-            hints = device_hints(pool.devices, available, count, self._numa_nodes) or []
+            hints = device_hints(pool.devices, available, count, self._numa_nodes, reusable) or []
             best = min((h for h in hints if h.preferred), key=_width, default=None)
             affinity = best.numa if best is not None else None
         chosen: list[str] = []
         missing: list[str] = []
-        for device in preference_order(pool.devices, affinity):
-            if book.held(pool.name, device.id):
+        ordered = preference_order(pool.devices, affinity)
+        reused = [d for d in ordered if d.id in reusable]
+        for device in reused + [d for d in ordered if d.id not in reusable]:
+            if device.id not in reusable and book.held(pool.name, device.id):
                 continue
             if not self._present(pool, device):
                 missing.append(device.id)

@@ -3,7 +3,16 @@
 A container holds its pooled devices under its pod and name, as kubelet's device manager
 keeps them: a restart of the container (a new attempt, the same name) gets the same
 devices, and they go back to the pool once no container of that name is left in the pod
-(or the pod is removed). Each device is held by one container at a time.
+(or the pod is removed). Each device is used by one container at a time.
+
+Devices of a pod's init containers are reusable by its later containers, as kubelet's
+device manager reuses them (`devicesToReuse`): an init container has exited before the next
+container of its pod is created, so a later container takes its devices first and new ones
+only for the rest. The init container keeps holding them (a device goes back to the pool
+when no allocation of the pod holds it), so a second later container does not get them
+again. CRI does not say which containers are init containers: an allocation whose kind is
+unknown (no `crihook.io/init-containers` annotation) is reusable once all of its containers
+have exited, as the runtime reports them.
 
 `device_hints` and `pick_devices` follow kubelet's device manager
 (`generateDeviceTopologyHints`, `devicesToAllocate`): every set of NUMA nodes whose free
@@ -12,12 +21,13 @@ whose devices (free or not) could; a pool without any NUMA information has no pr
 The pick takes devices on the chosen NUMA nodes first, then those without a NUMA node, then
 the others.
 
-`PoolBook` keeps the holdings and mirrors every confirmed one into the hook's persisted state
-(`a:<pod id>/<container name>` → JSON), so a restart rebuilds them; `reconcile` checks them
-against the runtime's containers. A reservation (the runtime has not answered yet) is held in
-memory: the container it is for carries its devices in the annotation ASSIGNED, so a crihook
-that stopped in between adopts it from the runtime, and a CreateContainer pays no write to
-disk before it is forwarded.
+`PoolBook` keeps the holdings and mirrors every one into the hook's persisted state
+(`a:<pod id>/<container name>` → JSON), reservations included (`"pending": true`): the
+pipeline writes a pre stage's state to disk before it forwards the call, so a crihook that
+stops between the reservation and the runtime's answer finds it at start, and `reconcile`
+confirms it (the runtime made the container) or releases it (it did not). The container also
+carries its devices in the annotation ASSIGNED, from which a holding lost with the state is
+adopted.
 """
 
 from __future__ import annotations
@@ -73,22 +83,28 @@ def device_hints(
     available: AbstractSet[str],
     count: int,
     numa_nodes: Sequence[int],
+    reusable: AbstractSet[str] = frozenset(),
 ) -> list[TopologyHint] | None:
-    """kubelet's hints for `count` devices out of `available` (ids); None: no preference (no
-    device of the pool has a NUMA node); empty: no NUMA node set can serve it."""
+    """kubelet's hints for `count` devices out of `available` and `reusable` (ids; the
+    latter an init container's, taken first: a mask must hold every one of them that has a
+    NUMA node); None: no preference (no device of the pool has a NUMA node); empty: no NUMA
+    node set can serve it."""
     located = [d for d in devices if d.numa is not None]
     if not located:
         return None
     nodes = sorted(set(numa_nodes))
     narrowest = len(nodes)
     hints: list[TopologyHint] = []
+    reused = {d.numa for d in located if d.id in reusable}
     for size in range(1, len(nodes) + 1):
         for combo in itertools.combinations(nodes, size):
             mask = frozenset(combo)
             inside = [d for d in located if d.numa in mask]
             if len(inside) >= count and size < narrowest:
                 narrowest = size
-            if sum(1 for d in inside if d.id in available) >= count:
+            if not reused <= mask:
+                continue
+            if sum(1 for d in inside if d.id in available or d.id in reusable) >= count:
                 hints.append(TopologyHint(mask, False))
     return [TopologyHint(h.numa, len(h.numa or ()) == narrowest) for h in hints]
 
@@ -130,6 +146,9 @@ class Allocation:
     """Ids of the containers (attempts) that hold them."""
     pending: bool = False
     """Reserved by a CreateContainer the runtime has not answered yet."""
+    kind: str = "unknown"
+    """The container's kind (ContainerKind value): an init container's devices are reusable
+    by the pod's later containers."""
 
     @property
     def key(self) -> str:
@@ -144,6 +163,8 @@ class Allocation:
         }
         if self.pending:
             doc["pending"] = True
+        if self.kind != "unknown":
+            doc["kind"] = self.kind
         return doc
 
     @classmethod
@@ -157,6 +178,7 @@ class Allocation:
             devices={str(p): tuple(str(i) for i in ids) for p, ids in devices.items()},
             containers=[str(c) for c in doc.get("containers", [])],
             pending=bool(doc.get("pending", False)),
+            kind=str(doc.get("kind", "unknown")),
         )
 
 
@@ -167,8 +189,9 @@ class PoolBook:
         self.pools = pools
         self.state = state
         self.allocations: dict[str, Allocation] = {}
-        self._holder: dict[tuple[str, str], str] = {}
-        """(pool, id) → allocation key."""
+        self._holders: dict[tuple[str, str], list[str]] = {}
+        """(pool, id) → keys of the allocations that hold it (several only within one pod:
+        an init container's devices reused by a later container)."""
         self._by_container: dict[str, str] = {}
 
     # --- reading -----------------------------------------------------------------------------
@@ -176,22 +199,52 @@ class PoolBook:
         return self.allocations.get(f"{pod}/{name}")
 
     def available(self, pool: str) -> frozenset[str]:
-        return frozenset(d.id for d in self.pools[pool].devices if (pool, d.id) not in self._holder)
+        return frozenset(
+            d.id for d in self.pools[pool].devices if (pool, d.id) not in self._holders
+        )
 
     def held(self, pool: str, ident: str) -> bool:
-        return (pool, ident) in self._holder
+        return (pool, ident) in self._holders
 
-    def holder(self, pool: str, ident: str) -> Allocation | None:
-        key = self._holder.get((pool, ident))
-        return self.allocations.get(key) if key is not None else None
+    def undecided(self, pod: str) -> bool:
+        """The pod has allocations of containers whose kind CRI did not say: whether their
+        devices are reusable depends on whether they exited (`reusable`'s `finished`)."""
+        return any(a.pod == pod and a.kind == "unknown" for a in self.allocations.values())
+
+    def reusable(
+        self, pod: str, name: str, finished: Mapping[str, bool]
+    ) -> dict[str, frozenset[str]]:
+        """Pool → devices of `pod` a new container `name` may take besides the free ones: those
+        of its init containers (created, so exited: the next container of a pod is created
+        after its init containers ran), and of containers of unknown kind that have all
+        exited (`finished`: container id → exited), minus what the pod's other containers
+        hold (an app container that already took them, a sidecar)."""
+        reuse: set[tuple[str, str]] = set()
+        keep: set[tuple[str, str]] = set()
+        for allocation in self.allocations.values():
+            if allocation.pod != pod or allocation.name == name:
+                continue
+            done = bool(allocation.containers) and not allocation.pending
+            if allocation.kind == "unknown":
+                done = done and all(finished.get(c, False) for c in allocation.containers)
+            elif allocation.kind != "init":
+                done = False
+            held = {(p, i) for p, ids in allocation.devices.items() for i in ids}
+            (reuse if done else keep).update(held)
+        out: dict[str, set[str]] = {}
+        for pool, ident in reuse - keep:
+            out.setdefault(pool, set()).add(ident)
+        return {p: frozenset(ids) for p, ids in out.items()}
 
     # --- changing ----------------------------------------------------------------------------
-    def reserve(self, pod: str, name: str, devices: Mapping[str, Sequence[str]]) -> Allocation:
-        """Hold `devices` (pool → ids, all free) for a container being created. Held in
-        memory only: the container itself carries what it was given (ASSIGNED), so a crihook
-        that stops before the runtime answers learns it from the runtime (`reconcile`)."""
-        allocation = Allocation(pod, name, {p: tuple(ids) for p, ids in devices.items()})
-        allocation.pending = True
+    def reserve(
+        self, pod: str, name: str, devices: Mapping[str, Sequence[str]], kind: str = "unknown"
+    ) -> Allocation:
+        """Hold `devices` (pool → ids: free ones, or ones `reusable` gave) for a container
+        being created. Saved at once (`pending`): the pipeline has it on disk before the
+        runtime acts, so a crihook that stops before the runtime answers finds it at start."""
+        ids = {p: tuple(ids) for p, ids in devices.items()}
+        allocation = Allocation(pod, name, ids, pending=True, kind=kind)
         self._put(allocation)
         return allocation
 
@@ -219,6 +272,7 @@ class PoolBook:
             return False
         if allocation.containers:  # an earlier attempt still holds them
             allocation.pending = False
+            self._save(allocation)
             return False
         self._drop(allocation)
         return True
@@ -249,7 +303,7 @@ class PoolBook:
         """Rebuild from the persisted state; returns the keys it dropped (unreadable, or
         naming devices the configuration no longer has, or held twice)."""
         self.allocations.clear()
-        self._holder.clear()
+        self._holders.clear()
         self._by_container.clear()
         dropped = []
         for key, doc in sorted(self.state.items()):
@@ -308,7 +362,9 @@ class PoolBook:
             except ValueError:
                 problems.append(f"container {c.id[:12]}: unreadable {ASSIGNED} {raw!r}")
                 continue
-            adopted = Allocation(c.pod_id, c.name, {}, containers=list(live[key]))
+            adopted = Allocation(
+                c.pod_id, c.name, {}, containers=list(live[key]), kind=c.kind.value
+            )
             kept, lost = self._known(Allocation(c.pod_id, c.name, dict(assigned)))
             adopted.devices = kept
             problems.extend(f"container {c.id[:12]}: {what}" for what in lost)
@@ -318,17 +374,22 @@ class PoolBook:
 
     # --- internals ---------------------------------------------------------------------------
     def _known(self, allocation: Allocation) -> tuple[dict[str, tuple[str, ...]], list[str]]:
-        """The devices of `allocation` that the configuration has and nobody else holds."""
+        """The devices of `allocation` that the configuration has and no other pod holds."""
         kept: dict[str, tuple[str, ...]] = {}
         lost = []
         for pool, ids in allocation.devices.items():
             known = self.pools[pool].by_id if pool in self.pools else {}
             keep = []
             for ident in ids:
+                others = [
+                    k
+                    for k in self._holders.get((pool, ident), ())
+                    if k != allocation.key and self.allocations[k].pod != allocation.pod
+                ]
                 if ident not in known:
                     lost.append(f"{pool} {ident} is no longer configured")
-                elif (pool, ident) in self._holder:
-                    lost.append(f"{pool} {ident} is held by {self._holder[(pool, ident)]} too")
+                elif others:
+                    lost.append(f"{pool} {ident} is held by {others[0]} too")
                 else:
                     keep.append(ident)
             if keep:
@@ -342,7 +403,7 @@ class PoolBook:
         self.allocations[allocation.key] = allocation
         for pool, ids in allocation.devices.items():
             for ident in ids:
-                self._holder[(pool, ident)] = allocation.key
+                self._holders.setdefault((pool, ident), []).append(allocation.key)
         for cid in allocation.containers:
             self._by_container[cid] = allocation.key
         self._save(allocation)
@@ -353,14 +414,15 @@ class PoolBook:
         del self.allocations[allocation.key]
         for pool, ids in allocation.devices.items():
             for ident in ids:
-                if self._holder.get((pool, ident)) == allocation.key:
-                    del self._holder[(pool, ident)]
+                holders = self._holders.get((pool, ident), [])
+                if allocation.key in holders:
+                    holders.remove(allocation.key)
+                if not holders:
+                    self._holders.pop((pool, ident), None)
         for cid in allocation.containers:
             if self._by_container.get(cid) == allocation.key:
                 del self._by_container[cid]
         self.state.delete(_PREFIX + allocation.key)
 
     def _save(self, allocation: Allocation) -> None:
-        if allocation.pending and not allocation.containers:
-            return  # a reservation: in memory until the runtime created its container
         self.state.set(_PREFIX + allocation.key, allocation.to_dict())

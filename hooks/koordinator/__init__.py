@@ -1,7 +1,7 @@
 """Koordinator compatibility: the built-in hook `koordinator` (``KoordinatorHook``) gives
 Koordinator's pods what koordlet's runtime hooks give them, from their labels and
-annotations: CPUs on Koordinator's pools (with the cpuset package's ledger), the scheduler's
-CPUs, and BE pods' batch resources.
+annotations: CPUs on Koordinator's pools (with the CPU ledger, ``crihook.hooks.cpus``), the
+scheduler's CPUs, and BE pods' batch resources.
 
 ``protocol`` reads the signals, ``quantity`` Kubernetes quantities, ``batch`` computes the
 cgroup values, ``options`` the configuration, ``hook`` is the hook.

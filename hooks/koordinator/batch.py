@@ -39,6 +39,20 @@ class BatchResources:
     memory_limit_bytes: int | None
     """None: unlimited (left as kubelet sent it)."""
 
+    def describe(self) -> str:
+        """`cpu quota 150000/100000 µs, 512 shares, memory 512Mi` (for a reason)."""
+        quota = (
+            "no CFS quota"
+            if self.cpu_quota < 0
+            else f"CFS quota {self.cpu_quota}/{BASE_PERIOD_US} µs"
+        )
+        memory = (
+            "memory unlimited"
+            if self.memory_limit_bytes is None
+            else (f"memory {_bytes(self.memory_limit_bytes)}")
+        )
+        return f"{quota}, {self.cpu_shares} cpu shares, {memory}"
+
     def apply(self, adjustment: Adjustment) -> Adjustment:
         """Set these values on `adjustment` (container or pod-level resources)."""
         adjustment.set_cpu_shares(self.cpu_shares).set_cpu_quota(self.cpu_quota)
@@ -47,6 +61,13 @@ class BatchResources:
         if self.memory_limit_bytes is not None:
             adjustment.set_memory_limit(self.memory_limit_bytes)
         return adjustment
+
+
+def _bytes(value: int) -> str:
+    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return f"{value >> shift}{suffix}"
+    return str(value)
 
 
 def _shares(milli: int) -> int:

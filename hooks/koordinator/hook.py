@@ -4,23 +4,28 @@ the signals Koordinator puts on them (`protocol`), without the API server.
     RunPodSandbox    pre: a pod koord-scheduler gave CPUs gets them, and no CFS quota, on
                           its sandbox; a BE pod its batch resources, summed (`batch`)
     CreateContainer  hints/pre/post/failed: CPUs placed on Koordinator's pools by the
-                          cpuset ledger (`cpu_manager = "none"`); pre: a BE container its
+                          CPU ledger (`cpu_manager = "none"`); pre: a BE container its
                           batch CFS quota/period, shares and memory limit
     UpdateContainerResources  pre: the cpuset and the batch values stay (kubelet re-sends
                           BestEffort resources)
     UpdatePodSandboxResources pre: the pod-level values stay
     Stop/RemoveContainer, RemovePodSandbox  post: CPUs given back, pools updated
 
-CPU placement is one ledger, the cpuset package's, shared by both hooks that place CPUs:
-with `cpu_manager = "none"` this hook runs it in kubelet's `none` mode (no exclusive CPUs
-but the scheduler's); with `cpu_manager = "cpuset"` the cpuset hook (before this one in the
-chain) runs it as kubelet's static policy, and this hook sets no container cpuset. Either
-way the ledger honours Koordinator's CPU signals (`crihook.hooks.cpuset.koordinator`).
+CPU placement is one ledger (`crihook.hooks.cpus`, below both hooks that place CPUs): with
+`cpu_manager = "none"` this hook runs one in kubelet's `none` mode (no exclusive CPUs but the
+scheduler's); with `cpu_manager = "cpuset"` the cpuset hook (before this one in the chain)
+is the ledger, as kubelet's static policy, and this hook sets no container cpuset. Either
+way the ledger honours Koordinator's CPU signals (`crihook.hooks.cpus.koordinator`).
 
-A pod labelled `runtimeproxy.koordinator.sh/skip-hookserver: "true"` gets nothing of
-Koordinator's from this hook, and is placed and counted on the pools like every pod (the
-resource hooks' rule for exempt pods). The hook does not honour crihook's exemption for the
-same reason: exempt pods are placed and counted too.
+A pod labelled `runtimeproxy.koordinator.sh/skip-hookserver: "true"`, and a pod crihook
+exempts (`exempt_namespaces`, `exempt_labels`: `HookContext.exempt`), gets nothing of
+Koordinator's from this hook (no scheduler CPUs on its sandbox, no batch values), and is
+placed and counted on the pools like every pod (the resource hooks' rule for exempt pods): the
+hook does not honour the exemption, so that it still sees these pods.
+
+Every adjustment says why (`Adjustment.because`): the QoS class and where it came from, the
+pool or the scheduler's CPUs, the batch values and their annotation, or the skip; `crihook
+replay --explain koordinator` shows it per container.
 """
 
 from __future__ import annotations
@@ -29,16 +34,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crihook.hooks.cpuset import CpusetHook
-from crihook.hooks.cpuset.koordinator import (
+from crihook.hooks.cpus import CpuLedger
+from crihook.hooks.cpus.koordinator import (
+    QOS_LABEL,
     RESOURCE_STATUS_ANNOTATION,
     ScheduledResources,
     check_on_node,
+    raw_qos,
     scheduled_resources,
 )
 from crihook.hooks.koordinator.batch import container_resources, pod_resources
 from crihook.hooks.koordinator.options import KoordinatorOptions, cpuset_options, parse_options
 from crihook.hooks.koordinator.protocol import (
+    EXTENDED_RESOURCE_SPEC_ANNOTATION,
+    SKIP_LABEL,
     BatchSpec,
     batch_spec,
     is_batch,
@@ -72,14 +81,14 @@ class KoordinatorHook(Hook):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.config: KoordinatorOptions = parse_options(self.options)
-        self._cpus: CpusetHook | None = None
+        self._cpus: CpuLedger | None = None
         """The CPU ledger, when this hook places CPUs (`cpu_manager = "none"`)."""
         if self.config.places_cpus:
-            self._cpus = CpusetHook(cpuset_options(self.config))
+            self._cpus = CpuLedger(cpuset_options(self.config))
         self._node: Topology | None = None
 
     @property
-    def ledger(self) -> CpusetHook | None:
+    def ledger(self) -> CpuLedger | None:
         return self._cpus
 
     def usage(self) -> Sequence[PoolUsage]:
@@ -95,22 +104,14 @@ class KoordinatorHook(Hook):
 
     # --- RunPodSandbox: the pod's own resources ----------------------------------------------
     async def pre_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
-        pod = ctx.pod
-        if skipped(pod):
-            return None
-        adjustment = self._pod_resources(pod)
-        log.debug(
-            "koordinator: pod %s: QoS %s%s",
-            _pod(pod),
-            getattr(qos_class(pod), "value", "none"),
-            f", sets {adjustment!r}" if adjustment else "",
-        )
+        adjustment = self._pod_resources(ctx)
+        log.debug("koordinator: pod %s: %r", _pod(ctx.pod), adjustment)
         return adjustment
 
     async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
         if self._cpus is not None:
             await self._cpus.pre_update_pod_sandbox_resources(ctx)  # may refuse the resize
-        return None if skipped(ctx.pod) else self._pod_resources(ctx.pod)
+        return self._pod_resources(ctx)
 
     # --- CreateContainer -----------------------------------------------------------------------
     async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
@@ -123,8 +124,8 @@ class KoordinatorHook(Hook):
             adjustment = await self._cpus.pre_create_container(ctx)
         else:
             self._check_placed(ctx, container)
-            adjustment = None
-        return self._with_batch(ctx.pod, container, adjustment)
+            adjustment = Adjustment().because('cpus: the cpuset hook\'s (cpu_manager = "cpuset")')
+        return self._with_batch(ctx, container, adjustment)
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
         return await self._cpus.post_create_container(ctx) if self._cpus is not None else None
@@ -140,7 +141,7 @@ class KoordinatorHook(Hook):
             adjustment = await self._cpus.pre_update_container_resources(ctx)
         if not ctx.request.HasField("linux"):  # annotations only: no resources to keep
             return adjustment
-        return self._with_batch(ctx.pod, _container(ctx), adjustment)
+        return self._with_batch(ctx, _container(ctx), adjustment)
 
     # --- giving CPUs back ------------------------------------------------------------------------
     async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:
@@ -155,32 +156,52 @@ class KoordinatorHook(Hook):
         return await self._cpus.post_remove_pod_sandbox(ctx)
 
     # --- helpers -------------------------------------------------------------------------------
-    def _pod_resources(self, pod: PodView) -> Adjustment | None:
+    def _pod_resources(self, ctx: HookContext) -> Adjustment:
         """koordlet's pod-level values: the scheduler's CPUs without a CFS quota, or a BE
-        pod's batch resources (kubelet leaves BestEffort pods unlimited)."""
-        adjustment = None
+        pod's batch resources (kubelet leaves BestEffort pods unlimited); empty, with the
+        reason, when there are none."""
+        pod = ctx.pod
+        skip = _skip_reason(ctx)
+        if skip:
+            return Adjustment().because(skip)
+        adjustment = Adjustment().because(_qos_reason(pod))
         cpus = self._scheduled(pod).cpus
         if cpus:
-            adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).set_cpu_quota(-1)
+            adjustment.set_cpuset_cpus(format_cpu_list(cpus)).set_cpu_quota(-1)
+            adjustment.because(
+                f"koord-scheduler's cpus ({RESOURCE_STATUS_ANNOTATION}), no CFS quota"
+            )
         if is_batch(pod):
             spec = _batch_spec(pod)
-            if spec is not None:
+            if spec is None:
+                adjustment.because(f"no {EXTENDED_RESOURCE_SPEC_ANNOTATION}: kubelet's values")
+            else:
                 values = pod_resources(spec, cfs_quota=self.config.batch_cfs_quota)
-                adjustment = values.apply(adjustment or Adjustment())
+                values.apply(adjustment).because(
+                    f"batch resources summed over its containers "
+                    f"({EXTENDED_RESOURCE_SPEC_ANNOTATION}): {values.describe()}"
+                )
         return adjustment
 
     def _with_batch(
-        self, pod: PodView, container: ContainerView, adjustment: Adjustment | None
-    ) -> Adjustment | None:
-        """A BE container's batch values on top of `adjustment` (the ledger's)."""
-        if not is_batch(pod) or skipped(pod):
-            return adjustment
+        self, ctx: HookContext, container: ContainerView, adjustment: Adjustment | None
+    ) -> Adjustment:
+        """A BE container's batch values on top of `adjustment` (the ledger's), and why."""
+        pod = ctx.pod
+        out = Adjustment() if adjustment is None else adjustment  # the ledger's reason first
+        skip = _skip_reason(ctx)
+        out.because(skip or _qos_reason(pod))
+        if not is_batch(pod) or skip:
+            return out
         spec = _batch_spec(pod)
         entry = spec.containers.get(container.name) if spec is not None else None
         if entry is None:  # koordlet: nothing given for it, kubelet's values stay
-            return adjustment
+            where = "" if spec is None else " for this container"
+            return out.because(f"no batch resources{where} ({EXTENDED_RESOURCE_SPEC_ANNOTATION})")
         values = container_resources(entry, cfs_quota=self.config.batch_cfs_quota)
-        return values.apply(adjustment or Adjustment())
+        return values.apply(out).because(
+            f"batch resources ({EXTENDED_RESOURCE_SPEC_ANNOTATION}): {values.describe()}"
+        )
 
     def _scheduled(self, pod: PodView) -> ScheduledResources:
         try:
@@ -219,6 +240,28 @@ def _refuse_a_second_cpu_manager(ctx: HookContext, container: ContainerView) -> 
             f"({placed}): with the cpuset hook in the chain, set [hooks.koordinator] "
             'cpu_manager = "cpuset" (it then places CPUs for Koordinator\'s pods too)'
         )
+
+
+def _skip_reason(ctx: HookContext) -> str:
+    """Why Koordinator's rules leave the pod alone ("" when they do not): koord-runtime-proxy's
+    skip label, or crihook's own exemption."""
+    if skipped(ctx.pod):
+        return f'skipped: label {SKIP_LABEL}="true" (placed and counted on the pools only)'
+    if ctx.exempt:
+        return "skipped: exempt by crihook's configuration (placed and counted on the pools only)"
+    return ""
+
+
+def _qos_reason(pod: PodView) -> str:
+    """The pod's QoS class and where it came from."""
+    qos = qos_class(pod)
+    if qos is None:
+        return "no QoS class (not under kubelet's cgroups, no label)"
+    if raw_qos(pod) is not None:
+        return f"QoS {qos.value} (label {QOS_LABEL})"
+    label = pod.labels.get(QOS_LABEL)
+    unknown = f"label {QOS_LABEL}={label!r} unknown, so " if label is not None else ""
+    return f"QoS {qos.value} ({unknown}from Kubernetes QoS {pod.qos_class.value})"
 
 
 def _batch_spec(pod: PodView) -> BatchSpec | None:

@@ -8,7 +8,7 @@ which kubelet passes to the runtime on every sandbox config:
   Kubernetes QoS class, as Koordinator's ``GetPodQoSClassWithDefault``: Guaranteed → LSR,
   Burstable → LS, BestEffort → BE;
 - ``scheduling.koordinator.sh/resource-status`` (annotation): the CPUs koord-scheduler gave
-  the pod (``crihook.hooks.cpuset.koordinator``, shared with the CPU ledger);
+  the pod (``crihook.hooks.cpus.koordinator``, shared with the CPU ledger);
 - ``node.koordinator.sh/extended-resource-spec`` (annotation): per container, the requests
   and limits of the batch resources a BE pod asked for, which its Kubernetes spec no longer
   carries (the webhook moved them out, so kubelet sees a BestEffort pod)::
@@ -34,7 +34,7 @@ from decimal import Decimal
 from fractions import Fraction
 from types import MappingProxyType
 
-from crihook.hooks.cpuset.koordinator import KoordinatorQoS, raw_qos
+from crihook.hooks.cpus.koordinator import KoordinatorQoS, raw_qos
 from crihook.hooks.koordinator.quantity import ceil_milli, ceil_value, parse_quantity
 from crihook.hooks.spec import PodView, QoSClass
 

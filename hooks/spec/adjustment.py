@@ -7,6 +7,11 @@ may add different annotations but not the same one.
 
     adj = Adjustment().set_cpuset_cpus("2-3").set_annotation("example.com/pinned", "true")
     adj.update_container("c0ffee...", ResourceDelta(cpuset_cpus="0-1,4-7"))
+    adj.because("2 exclusive CPUs: Guaranteed, whole CPUs")
+
+`because` attaches a short reason: which rule decided. It changes nothing in the request; the
+recording keeps it next to the hook's verdict and `crihook replay --explain HOOK` shows it.
+An empty Adjustment with a reason says why the hook set nothing.
 """
 
 from __future__ import annotations
@@ -157,11 +162,12 @@ class ContainerUpdate:
 class Adjustment:
     """A hook's requested changes. Builder methods return self, so calls chain."""
 
-    __slots__ = ("_changes", "_updates")
+    __slots__ = ("_changes", "_reason", "_updates")
 
     def __init__(self) -> None:
         self._changes: dict[FieldKey, Any] = {}
         self._updates: list[ContainerUpdate] = []
+        self._reason = ""
 
     # --- reading -----------------------------------------------------------------------
     @property
@@ -176,10 +182,16 @@ class Adjustment:
     def updates(self) -> tuple[ContainerUpdate, ...]:
         return tuple(self._updates)
 
+    @property
+    def reason(self) -> str:
+        """Why the hook asks for this (which rule decided); "" when it did not say."""
+        return self._reason
+
     def __bool__(self) -> bool:
         return bool(self._changes or self._updates)
 
     def __eq__(self, other: object) -> bool:
+        """Same changes and updates (the reason explains them; it is not one of them)."""
         if not isinstance(other, Adjustment):
             return NotImplemented
         return self._changes == other._changes and self._updates == other._updates
@@ -193,10 +205,21 @@ class Adjustment:
         parts += [
             f"update {u.container_id[:12]} {dict(u.resources.items())}" for u in self._updates
         ]
+        if self._reason:
+            parts.append(f"because {self._reason!r}")
         return f"Adjustment({', '.join(parts)})"
 
     def _set(self, field: Field, key: str, value: Any) -> Adjustment:
         self._changes[(field, key)] = value
+        return self
+
+    # --- why ------------------------------------------------------------------------------
+    def because(self, reason: str) -> Adjustment:
+        """Attach a short reason (one line: which rule decided, from which signal); a second
+        call appends to it with "; "."""
+        text = " ".join(_str("reason", reason).split())
+        if text:
+            self._reason = f"{self._reason}; {text}" if self._reason else text
         return self
 
     # --- pod ----------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class HookContext:
         "affinity",
         "container",
         "event",
+        "exempt",
         "failure",
         "owners",
         "pod",
@@ -135,6 +136,7 @@ class HookContext:
         affinity: TopologyHint | None = None,
         failure: str = "",
         owners: Mapping[str, str] | None = None,
+        exempt: bool = False,
     ) -> None:
         self.event = event
         self.stage = stage
@@ -154,6 +156,10 @@ class HookContext:
         self.owners: Mapping[str, str] = owners or {}
         """Validate stage: each field the hooks set (`cpuset_cpus`, `annotation 'a/b'`) →
         the hook that set it. What kubelet sent itself has no owner."""
+        self.exempt = exempt
+        """The pod is exempt by crihook's configuration (`exempt_namespaces`,
+        `exempt_labels`). Only hooks that do not honour the exemption are called for such a
+        pod: they place and count it, and leave the rest of what they do undone."""
 
     @property
     def request(self) -> Message:

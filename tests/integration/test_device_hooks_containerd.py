@@ -306,6 +306,51 @@ def test_pooled_devices_are_exclusive_freed_on_removal_and_survive_a_restart(
         assert sh(kubelet, again.container_ids["app"], "echo $GPU_VISIBLE_DEVICES") == (0, "1\n")
 
 
+@pytest.mark.parametrize("annotated", [True, False], ids=["init-annotation", "exited"])
+def test_an_app_container_reuses_its_init_containers_device(
+    containerd: Containerd,
+    start_crihook: Start,
+    host_files: Path,
+    pod_cleanup: PodCleanup,
+    annotated: bool,
+) -> None:
+    """kubelet's device manager: an init container's devices go to the pod's later containers
+    first. The init container takes 2 of the 3 devices, another pod the third; the app
+    container asks for 2 and gets the init container's (known from kubelet's annotation, or
+    from the runtime: it exited)."""
+    proc = start_crihook(devices_config(host_files))
+    annotations = {
+        "pools.crihook.io/container.init": '{"gpu": 2}',
+        "pools.crihook.io/container.app": '{"gpu": 2}',
+    }
+    if annotated:
+        annotations["crihook.io/init-containers"] = "init"
+    spec = PodSpec(
+        name="trainer",
+        namespace="devices-ok",
+        annotations=annotations,
+        init_containers=[ContainerSpec(name="init", command=["sh", "-c", "true"])],
+        containers=[app()],
+    )
+    other = PodSpec(
+        name="other",
+        namespace="devices-ok",
+        annotations={"pools.crihook.io/container.app": '{"gpu": 1}'},
+        containers=[app()],
+    )
+    with kubelet_for(proc, containerd) as kubelet:
+        handle = run_pod(kubelet, spec, pod_cleanup)
+        theirs = run_pod(kubelet, other, pod_cleanup)
+        mine = sh(kubelet, handle.container_ids["app"], "echo $GPU_VISIBLE_DEVICES")[1].strip()
+        assert sh(kubelet, theirs.container_ids["app"], "echo $GPU_VISIBLE_DEVICES") == (0, "2\n")
+    assert mine == "0,1"
+    state = hook_state(
+        proc, "devices", "3 holdings", lambda d: len([k for k in d if k.startswith("a:")]) == 3
+    )
+    sandbox = handle.sandbox_id
+    assert state[f"a:{sandbox}/init"]["devices"] == state[f"a:{sandbox}/app"]["devices"]
+
+
 # --- network devices ---------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from crihook.hooks.cpuset import take_cpus
+from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config

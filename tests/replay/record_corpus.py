@@ -1,10 +1,12 @@
-"""Re-records the replay corpus: a realistic node workload, driven by the kubelet-like client
+"""Re-records the replay corpus: realistic node workloads, driven by the kubelet-like client
 through crihook (`serve --record`) in front of the lab's real containerd.
 
     sudo .venv/bin/python -m tests.replay.record_corpus        # writes tests/replay/*.jsonl
+    sudo .venv/bin/python -m tests.replay.record_corpus --workload colocated
 
-Needs root and the containerd test bed (tests/lab/install.sh). Takes about a minute. The
-workload, in kubelet's order:
+Needs root and the containerd test bed (tests/lab/install.sh). Takes about a minute each.
+
+`node` (containerd-node.jsonl), in kubelet's order:
 
 - pods of the three QoS classes: BestEffort (`batch`, with an OOM score override inside its
   namespace's range), Burstable with an init container and a sidecar (`web`), Guaranteed
@@ -19,6 +21,18 @@ workload, in kubelet's order:
 - crihook restarted in the middle (the file gets a second part: header, synchronize);
 - deletions (the exclusive CPU and the pooled device go back; the shared containers follow),
   a new Guaranteed pod on the freed CPU, then everything removed.
+
+`colocated` (koordinator-colocated.jsonl): a Koordinator co-located node, the koordinator
+hook alone placing CPUs (`cpu_manager = "none"`) on this 2-CPU machine:
+
+- an LSR pod koord-scheduler gave CPU 1 (`resource-status`), an LS pod (label), a Burstable
+  pod without a label (LS by its Kubernetes QoS class), a BE pod with batch resources for
+  one of its two containers (`extended-resource-spec`), koordlet's own pod (skip label) and
+  an exempt kube-system pod labelled BE; a BE pod with a malformed batch spec (refused);
+- an in-place resize of the LSR container and a kubelet-restart burst of
+  UpdateContainerResources (the scheduler's cpuset and the batch values stay);
+- the LSR pod removed (the shared pool grows back), an LSE pod on CPU 1 (it leaves the BE
+  pool too), then everything removed.
 
 Netdev annotations are not in the corpus: a replay does not run the netdev hook (netlink is
 not recorded; see docs/recording.md).
@@ -44,6 +58,7 @@ from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, 
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "containerd-node.jsonl"
+COLOCATED = HERE / "koordinator-colocated.jsonl"
 MIB = 1 << 20
 # Fixed paths, so a re-recorded corpus differs from the last only where behaviour does.
 DEVICE_ROOT = Path("/tmp/crihook-corpus-host")
@@ -187,7 +202,7 @@ def update_burst(kubelet: KubeletClient, handles: list[PodHandle]) -> None:
             )
 
 
-def record(out: Path) -> None:
+def record(out: Path, workload: str = "node") -> None:
     host_files(DEVICE_ROOT)
     images = build_images(DEFAULT_CACHE_DIR)
     lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), images)
@@ -199,40 +214,15 @@ def record(out: Path) -> None:
         proc = CrihookProcess(
             lab.endpoint,
             workdir=workdir,
-            config=config(DEVICE_ROOT),
+            config=config(DEVICE_ROOT) if workload == "node" else COLOCATED_CONFIG,
             hooks=None,
             args=["--record", str(path)],
         )
-        pods = workload_pods(DEVICE_ROOT)
         proc.start()
-        with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
-            handles = {
-                name: kubelet.run_pod(pods[name])
-                for name in ("coredns", "batch", "web", "cache", "db", "train")
-            }
-            refused(kubelet, pods["not-allowed"])
-            refused(kubelet, pods["out-of-range"])
-            # kubelet resizes web-0's app container (in place: more CPU, more memory).
-            web = handles["web"]
-            resized = api_pb2.LinuxContainerResources()
-            resized.CopyFrom(web.container_configs["app"].linux.resources)
-            resized.cpu_shares, resized.memory_limit_in_bytes = 512, 256 * MIB
-            kubelet.runtime.UpdateContainerResources(
-                api_pb2.UpdateContainerResourcesRequest(
-                    container_id=web.container_ids["app"], linux=resized
-                ),
-                timeout=30,
-            )
-            update_burst(kubelet, list(handles.values()))
-        assert proc.stop() == 0, proc.log()
-        proc.start()  # a crihook restart: the file gets its second part
-        with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
-            update_burst(kubelet, list(handles.values()))
-            for name in ("db", "train"):
-                kubelet.remove_pod(handles.pop(name))
-            handles["db-1"] = kubelet.run_pod(pods["db-1"])
-            for handle in handles.values():
-                kubelet.remove_pod(handle)
+        if workload == "node":
+            run_node(lab, proc)
+        else:
+            run_colocated(lab, proc)
         assert proc.stop() == 0, proc.log()
         out.write_bytes(path.read_bytes())
         print(f"wrote {out} ({out.stat().st_size} bytes)")
@@ -244,15 +234,165 @@ def record(out: Path) -> None:
         shutil.rmtree(DEVICE_ROOT, ignore_errors=True)
 
 
+def run_node(lab: Containerd, proc: CrihookProcess) -> None:
+    """The `node` workload (see the module docstring); crihook restarted midway."""
+    pods = workload_pods(DEVICE_ROOT)
+    with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
+        handles = {
+            name: kubelet.run_pod(pods[name])
+            for name in ("coredns", "batch", "web", "cache", "db", "train")
+        }
+        refused(kubelet, pods["not-allowed"])
+        refused(kubelet, pods["out-of-range"])
+        # kubelet resizes web-0's app container (in place: more CPU, more memory).
+        web = handles["web"]
+        resized = api_pb2.LinuxContainerResources()
+        resized.CopyFrom(web.container_configs["app"].linux.resources)
+        resized.cpu_shares, resized.memory_limit_in_bytes = 512, 256 * MIB
+        kubelet.runtime.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(
+                container_id=web.container_ids["app"], linux=resized
+            ),
+            timeout=30,
+        )
+        update_burst(kubelet, list(handles.values()))
+    assert proc.stop() == 0, proc.log()
+    proc.start()  # a crihook restart: the file gets its second part
+    with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
+        update_burst(kubelet, list(handles.values()))
+        for name in ("db", "train"):
+            kubelet.remove_pod(handles.pop(name))
+        handles["db-1"] = kubelet.run_pod(pods["db-1"])
+        for handle in handles.values():
+            kubelet.remove_pod(handle)
+
+
+KOORD_QOS = "koordinator.sh/qosClass"
+KOORD_STATUS = "scheduling.koordinator.sh/resource-status"
+KOORD_SPEC = "node.koordinator.sh/extended-resource-spec"
+KOORD_SKIP = "runtimeproxy.koordinator.sh/skip-hookserver"
+BATCH = {
+    "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "128Mi"},
+    "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "256Mi"},
+}
+
+COLOCATED_CONFIG = """
+[hooks]
+order = ["koordinator"]
+exempt_namespaces = ["kube-system"]
+
+[hooks.koordinator]
+cpu_manager = "none"
+"""
+
+
+def koord_pod(
+    name: str,
+    n: int,
+    *containers: ContainerSpec,
+    qos: str | None = None,
+    cpus: str | None = None,
+    batch: dict[str, object] | None = None,
+    namespace: str = "default",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> PodSpec:
+    """A pod as Koordinator's webhook and scheduler leave it."""
+    all_labels = dict(labels or {})
+    if qos is not None:
+        all_labels[KOORD_QOS] = qos
+    all_annotations = dict(annotations or {})
+    if cpus is not None:
+        all_annotations[KOORD_STATUS] = json.dumps({"cpuset": cpus})
+    if batch is not None:
+        all_annotations[KOORD_SPEC] = json.dumps({"containers": batch})
+    return PodSpec(
+        name=name,
+        namespace=namespace,
+        uid=uid(100 + n),
+        labels=all_labels,
+        annotations=all_annotations,
+        containers=list(containers),
+    )
+
+
+def colocated_pods() -> dict[str, PodSpec]:
+    burstable = {"cpu_request": 100, "memory_request": 32 * MIB}
+    return {
+        "koordlet": koord_pod(
+            "koordlet-x7k2p",
+            1,
+            ContainerSpec("koordlet", **burstable),  # type: ignore[arg-type]
+            qos="SYSTEM",
+            namespace="koordinator-system",
+            labels={KOORD_SKIP: "true"},
+        ),
+        "coredns": koord_pod(
+            "coredns-0",
+            2,
+            ContainerSpec("coredns", **burstable),  # type: ignore[arg-type]
+            qos="BE",
+            batch={"coredns": BATCH},
+            namespace="kube-system",
+        ),
+        "lsr": koord_pod("lsr-0", 3, app("server", 1000, 64 * MIB), qos="LSR", cpus="1"),
+        "ls": koord_pod("ls-0", 4, ContainerSpec("web", **burstable), qos="LS"),  # type: ignore[arg-type]
+        "web": koord_pod("api-0", 5, ContainerSpec("api", **burstable)),  # type: ignore[arg-type]
+        "be": koord_pod(
+            "spark-0",
+            6,
+            ContainerSpec("executor"),
+            ContainerSpec("log"),
+            qos="BE",
+            batch={"executor": BATCH},
+        ),
+        "be-bad": koord_pod(
+            "spark-1",
+            7,
+            ContainerSpec("executor"),
+            qos="BE",
+            annotations={KOORD_SPEC: '{"containers": {"executor": {"limits": 4}}}'},
+        ),
+        "lse": koord_pod("lse-0", 8, app("server", 1000, 64 * MIB), qos="LSE", cpus="1"),
+    }
+
+
+def run_colocated(lab: Containerd, proc: CrihookProcess) -> None:
+    """The `colocated` workload (see the module docstring)."""
+    pods = colocated_pods()
+    with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
+        order = ("koordlet", "coredns", "lsr", "ls", "web", "be")
+        handles = {name: kubelet.run_pod(pods[name]) for name in order}
+        refused(kubelet, pods["be-bad"])
+        # kubelet resizes the LSR container in place (more CPU time): its cpuset stays.
+        lsr = handles["lsr"]
+        resized = api_pb2.LinuxContainerResources()
+        resized.CopyFrom(lsr.container_configs["server"].linux.resources)
+        resized.cpu_shares, resized.cpu_quota = 1536, 150_000
+        kubelet.runtime.UpdateContainerResources(
+            api_pb2.UpdateContainerResourcesRequest(
+                container_id=lsr.container_ids["server"], linux=resized
+            ),
+            timeout=30,
+        )
+        update_burst(kubelet, list(handles.values()))
+        kubelet.remove_pod(handles.pop("lsr"))
+        handles["lse"] = kubelet.run_pod(pods["lse"])
+        for handle in handles.values():
+            kubelet.remove_pod(handle)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.replay.record_corpus")
-    parser.add_argument("--out", type=Path, default=CORPUS, help=f"default {CORPUS}")
+    parser.add_argument("--workload", choices=("node", "colocated"), default="node")
+    parser.add_argument("--out", type=Path, help=f"default {CORPUS} or {COLOCATED}")
     args = parser.parse_args(argv)
+    out = args.out or (CORPUS if args.workload == "node" else COLOCATED)
     if os.geteuid() != 0:
         print("record_corpus: needs root (containerd, device nodes)", file=sys.stderr)
         return 2
     try:
-        record(args.out)
+        record(out, args.workload)
     except (grpc.RpcError, PodStartError, AssertionError) as exc:
         print(f"record_corpus: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ diff, and if the new behaviour is meant, re-record the corpus (or `crihook repla
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from crihook.proxy.replay import replay
+from crihook.proxy.replay_cli import replay_command
+from crihook.proxy.replay_explain import explain
 from crihook.proxy.replay_file import CallEntry, Recording, read_recording
 
 HERE = Path(__file__).resolve().parent
@@ -23,7 +26,7 @@ CORPUS = sorted(HERE.glob("*.jsonl"))
 
 
 def test_the_corpus_is_there_and_small() -> None:
-    assert [p.name for p in CORPUS] == ["containerd-node.jsonl"]
+    assert [p.name for p in CORPUS] == ["containerd-node.jsonl", "koordinator-colocated.jsonl"]
     assert all(p.stat().st_size < 400 * 1024 for p in CORPUS)
 
 
@@ -103,3 +106,112 @@ async def test_a_changed_chain_differs_on_the_corpus_naming_call_and_field() -> 
     refused = next(r for r in report.results if getattr(r.entry, "label", "") == label)
     assert refused.differences[0].describe().startswith('status: recorded "INVALID_ARGUMENT')
     assert json.dumps(refused.differences[0].replayed) == '"OK"'
+
+
+# --- the co-located Koordinator node ----------------------------------------------------------
+
+COLOCATED = HERE / "koordinator-colocated.jsonl"
+STATUS = "scheduling.koordinator.sh/resource-status"
+SPEC = "node.koordinator.sh/extended-resource-spec"
+LABEL = "(label koordinator.sh/qosClass)"
+
+
+def test_the_colocated_corpus_is_the_workload_the_issue_asks_for() -> None:
+    calls = _calls(read_recording(COLOCATED))
+    sandboxes = [_request(c)["config"] for c in calls if c.event.value == "RunPodSandbox"]
+    classes = Counter(s.get("labels", {}).get("koordinator.sh/qosClass") for s in sandboxes)
+    assert classes == Counter({"BE": 3, "LSR": 1, "LS": 1, None: 1, "SYSTEM": 1, "LSE": 1})
+    assert sum(STATUS in s.get("annotations", {}) for s in sandboxes) == 2
+    assert sum(SPEC in s.get("annotations", {}) for s in sandboxes) == 3
+    assert any(
+        s.get("labels", {}).get("runtimeproxy.koordinator.sh/skip-hookserver") == "true"
+        for s in sandboxes
+    )
+    statuses = Counter((c.status or {}).get("code", "OK") for c in calls)
+    assert statuses == Counter({"OK": len(calls) - 1, "INVALID_ARGUMENT": 1})
+    header = json.loads(COLOCATED.read_text().splitlines()[0])
+    assert header["config"]["hooks"]["order"] == ["25-koordinator"]
+    # The recording itself keeps each hook's reason next to its verdict.
+    lsr = next(
+        c for c in calls if c.event.value == "CreateContainer" and c.doc["pod"] == "default/lsr-0"
+    )
+    pre = next(h for h in lsr.doc["hooks"] if h["stage"] == "pre")
+    assert pre["verdict"] == "adjusted"
+    assert pre["detail"].startswith(f"cpus: koord-scheduler's ({STATUS})")
+
+
+def _block(lines: list[str], heading: str) -> list[str]:
+    """The lines under one `pod container` heading of the explanation."""
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return lines[start:end]
+
+
+async def test_the_explanation_says_per_container_what_koordinator_set_and_why() -> None:
+    report = await replay(read_recording(COLOCATED))
+    lines = explain(report, "koordinator")
+
+    assert lines[0] == "koordinator (as replayed), per container:"
+    lsr = _block(lines, "default/lsr-0 server")
+    assert lsr[0].startswith("  CreateContainer (line ") and lsr[0].endswith(
+        ': cpu_quota=-1, cpuset_cpus="1"'
+    )
+    assert f"    why: cpus: koord-scheduler's ({STATUS}); QoS LSR {LABEL}" in lsr
+    # The in-place resize and the kubelet-restart burst: the scheduler's cpuset stays.
+    kept = [line for line in lsr if line.startswith("  UpdateContainerResources")]
+    assert len(kept) == 2 and all(line.endswith('cpuset_cpus="1"') for line in kept)
+    # Given back at StopContainer: the containers on the shared pool grow back to 0-1.
+    assert '    moves: default/ls-0 web cpuset_cpus="0-1"' in lsr
+    assert "    why: cpus 1 given back: the pools grow" in lsr
+
+    assert f"    why: cpus: the node's shared pool; QoS LS {LABEL}" in _block(
+        lines, "default/ls-0 web"
+    )
+    assert "    why: cpus: the node's shared pool; QoS LS (from Kubernetes QoS Burstable)" in (
+        _block(lines, "default/api-0 api")
+    )
+    executor = _block(lines, "default/spark-0 executor")
+    assert executor[0].endswith(
+        ': cpu_period=100000, cpu_quota=100000, cpu_shares=512, cpuset_cpus="0-1", '
+        "memory_limit_in_bytes=268435456"
+    )
+    assert executor[1] == (
+        f"    why: cpus: the node's BE pool; QoS BE {LABEL}; batch resources ({SPEC}): "
+        "CFS quota 100000/100000 µs, 512 cpu shares, memory 256Mi"
+    )
+    assert _block(lines, "default/spark-0 log")[1].endswith(
+        f"no batch resources for this container ({SPEC})"
+    )
+    assert (
+        "skipped: label runtimeproxy.koordinator.sh/skip-hookserver"
+        in (_block(lines, "koordinator-system/koordlet-x7k2p")[1])
+    )
+    coredns = _block(lines, "kube-system/coredns-0 coredns")
+    assert coredns[0].endswith(': cpuset_cpus="0-1"')  # placed, but no batch values
+    assert "skipped: exempt by crihook's configuration" in coredns[1]
+    assert (
+        _block(lines, "default/spark-1")[0]
+        .split(": ", 1)[1]
+        .startswith(
+            "rejected: hook '25-koordinator': RunPodSandbox: pod default/spark-1: annotation "
+            f"{SPEC}"
+        )
+    )
+    lse = _block(lines, "default/lse-0 server")
+    assert '    moves: default/spark-0 executor cpuset_cpus="0"' in lse  # out of the BE pool
+    assert "out of the BE pool too (LSE)" in lse[-1]
+
+
+@pytest.mark.parametrize(
+    ("hooks", "code"), [pytest.param(None, 0, id="recorded"), pytest.param("none", 1, id="none")]
+)
+def test_explain_keeps_the_exit_status_of_the_comparison(hooks: str | None, code: int) -> None:
+    out = io.StringIO()
+    assert replay_command(COLOCATED, None, hooks, False, out, ["koordinator"]) == code
+    text = out.getvalue()
+    assert text.startswith("koordinator (as replayed), per container:\n")
+    if hooks == "none":
+        assert "  hook koordinator did not run in this replay (is it in the chain?)" in text
+        assert "forwarded config.linux.resources.cpuset_cpus" in text
+    else:
+        assert "default/lsr-0 server\n" in text

@@ -175,6 +175,8 @@ class Node:
     topology: Topology
     scope: str = "container"
     policy: str = "none"
+    exempt_namespaces: frozenset[str] = frozenset()
+    """Pods in these namespaces are exempt (`HookContext.exempt`), as crihook's setting."""
     state: MemoryState = field(default_factory=MemoryState)
     runtime: FakeRuntime = field(default_factory=FakeRuntime)
     host: FakeHost = field(default_factory=FakeHost)
@@ -233,6 +235,7 @@ class Node:
             1.0,
             affinity=affinity,
             failure=failure,
+            exempt=pod.namespace in self.exempt_namespaces,
         )
         return await method(ctx)
 

@@ -291,3 +291,13 @@ DESCRIBE_CASES = [
 )
 def test_describe_key(key: tuple[Field, str], expected: str) -> None:
     assert describe_key(key) == expected
+
+
+def test_a_reason_explains_and_changes_nothing() -> None:
+    adj = Adjustment().set_cpuset_cpus("2-3").because("  scheduler's\ncpus ").because("LSR")
+    assert adj.reason == "scheduler's cpus; LSR"
+    assert adj == Adjustment().set_cpuset_cpus("2-3")  # the reason is not a change
+    assert not Adjustment().because("skipped")  # nothing set: still empty
+    assert 'because "scheduler\'s cpus; LSR"' in repr(adj)
+    with pytest.raises(TypeError):
+        Adjustment().because(3)  # type: ignore[arg-type]

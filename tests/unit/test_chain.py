@@ -872,3 +872,61 @@ async def test_close_closes_every_hook() -> None:
     chain = make_chain([make_entry(h, h.name) for h in hooks])
     await chain.close()
     assert [h.closed for h in hooks] == [True, True]
+
+
+# --- reasons and the exempt flag -----------------------------------------------------------
+
+
+async def test_a_hooks_reason_is_traced_with_its_verdict_and_changes_nothing() -> None:
+    async def explained(ctx: HookContext) -> Adjustment:
+        return Adjustment().set_annotation("a", "1").because("rule A")
+
+    async def nothing_but_why(ctx: HookContext) -> Adjustment:
+        return Adjustment().because("rule B: not for this pod")
+
+    calls: list[str] = []
+    chain = make_chain(
+        [
+            make_entry(Probe("10-a", calls, explained), "10-a"),
+            make_entry(Probe("20-b", calls, nothing_but_why), "20-b"),
+            make_entry(Probe("30-c", calls), "30-c"),
+        ]
+    )
+    request = create_request()
+    trace: list[Any] = []
+    merger = await chain.run(
+        Event.CREATE_CONTAINER, Stage.PRE, POD, CONTAINER, request, None, None, trace=trace
+    )
+    runs = [(t[0], t[2], t[3]) for t in trace]
+    assert runs == [
+        ("10-a", "adjusted", "rule A"),
+        ("20-b", "nothing", "rule B: not for this pod"),
+        ("30-c", "nothing", ""),
+    ]
+    assert dict(request.config.annotations) == {"k": "orig", "a": "1"}
+    assert set(merger.owners.values()) == {"10-a"}
+
+
+@pytest.mark.parametrize(("namespace", "exempt"), [("kube-system", True), ("shop", False)])
+async def test_hooks_that_see_exempt_pods_are_told_they_are(namespace: str, exempt: bool) -> None:
+    seen: list[bool] = []
+
+    class Counter(Hook):
+        honours_exemption = False
+
+        async def pre_create_container(self, ctx: HookContext) -> None:
+            seen.append(ctx.exempt)
+
+    chain = make_chain([make_entry(Counter(), "10-counter")], exempt_namespaces=("kube-system",))
+    pod = PodView(id="sb1", uid="u1", name="p", namespace=namespace)
+    await chain.run(
+        Event.CREATE_CONTAINER,
+        Stage.PRE,
+        pod,
+        CONTAINER,
+        create_request(),
+        None,
+        None,
+        exempt=chain.exempt(pod),
+    )
+    assert seen == [exempt]

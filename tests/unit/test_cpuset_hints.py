@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from crihook.hooks.cpuset import CPUAllocationError, cpu_hints
+from crihook.hooks.cpus import CPUAllocationError, cpu_hints
 from crihook.hooks.node.topology import CPUInfo, Topology
 from crihook.hooks.spec.hints import TopologyHint
 from tests.unit.kubelet_topologies import (

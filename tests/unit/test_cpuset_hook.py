@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.cpuset import CpusetHook, cpu_hints, take_cpus
-from crihook.hooks.cpuset.options import CpusetOptions, parse_options, reserved_cpus
-from crihook.hooks.cpuset.pool import CpuPool, Holder
-from crihook.hooks.cpuset.rules import exclusive_cpus, slice_cpus
+from crihook.hooks.cpus import cpu_hints, take_cpus
+from crihook.hooks.cpus.options import CpusetOptions, parse_options, reserved_cpus
+from crihook.hooks.cpus.pool import CpuPool, Holder
+from crihook.hooks.cpus.rules import exclusive_cpus, slice_cpus
+from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import (

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from crihook.hooks.cpuset import CpusetHook, take_cpus
-from crihook.hooks.cpuset.options import CpusetOptions, parse_options
-from crihook.hooks.cpuset.pool import Holder
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.cpus import take_cpus
+from crihook.hooks.cpus.options import CpusetOptions, parse_options
+from crihook.hooks.cpus.pool import Holder
+from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import parse_cpu_list
 from crihook.hooks.spec import Adjustment, Field, PodView, Reject
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
@@ -138,3 +140,24 @@ def test_holders_round_trip_through_the_state(holder: Holder) -> None:
 def test_a_state_entry_with_an_unknown_pool_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown pool"):
         Holder.from_dict({"pod": "p", "name": "a", "pool": "gold"})
+
+
+async def test_an_in_place_resize_keeps_the_scheduler_cpus() -> None:
+    """Koordinator's rule: kubelet's UpdateContainerResources never undoes koord-scheduler's
+    cpuset, on an in-place resize too (which the static policy refuses for its own picks)."""
+    node = await start()
+    r = await pod(node, "lsr", guaranteed("r", 2000), qos="LSR", cpus="0,8")
+    await node.create(r, guaranteed("r", 2000), "r1")
+    g = await pod(node, "g", guaranteed("app", 2000))
+    await node.create(g, guaranteed("app", 2000), "g1")
+    grown = api_pb2.LinuxContainerResources(
+        cpu_shares=3072, cpu_quota=300_000, cpu_period=100_000, cpuset_cpus="0-15"
+    )
+
+    pre, _, request = await node.update("r1", grown)
+
+    assert cpus_of(pre) == {0, 8}
+    assert (request.linux.cpuset_cpus, request.linux.cpu_quota) == ("0,8", -1)
+    assert request.linux.cpu_shares == 3072  # the resize itself goes through
+    with pytest.raises(Reject, match="infeasible"):  # kubelet's own pick is not resized
+        await node.update("g1", grown)

@@ -18,15 +18,16 @@ from typing import Any
 
 import pytest
 
-from crihook.hooks.cpuset import CpusetHook, cpu_hints
-from crihook.hooks.cpuset.options import (
+from crihook.hooks.cpus import cpu_hints
+from crihook.hooks.cpus.options import (
     POLICY_OPTIONS,
     CpusetOptions,
     check_node,
     node_reserved_cpus,
     parse_options,
 )
-from crihook.hooks.cpuset.pool import CpuPool
+from crihook.hooks.cpus.pool import CpuPool
+from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import Topology, parse_cpu_list
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import Adjustment, Field, TopologyHint

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from crihook.hooks.cpuset import CPUAllocationError, SMTAlignmentError, take_cpus
-from crihook.hooks.cpuset.picker import (
+from crihook.hooks.cpus import CPUAllocationError, SMTAlignmentError, take_cpus
+from crihook.hooks.cpus.picker import (
     _Accumulator,
     _index,
     _take_distributed,

@@ -138,11 +138,12 @@ def test_the_container_restarts_crihook_and_stops_on_sigterm(
     runs = tmp_path / "runs"
     fake = tmp_path / "bin" / "crihook"
     fake.parent.mkdir()
+    # (The trap is set before the run is written: the test signals once it sees the run.)
     fake.write_text(
         "#!/bin/sh\n"
+        "trap 'echo stopped >> " + str(runs) + "; exit 0' TERM\n"
         f'echo "$@" >> {runs}\n'
         f'if [ "$(wc -l < {runs})" -eq 1 ]; then exit 3; fi\n'
-        "trap 'echo stopped >> " + str(runs) + "; exit 0' TERM\n"
         "while :; do sleep 0.05; done\n"
     )
     fake.chmod(0o755)

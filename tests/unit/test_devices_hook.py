@@ -375,9 +375,18 @@ async def test_a_failed_create_gives_its_reservation_back() -> None:
     p1 = await gpu_pod(node, "p1", 4)
     created = await node.begin_create(p1, burstable("app"))
     book = node.hook.book  # type: ignore[attr-defined]
-    # Reserved in memory: nothing is written before the runtime acts, the container carries
-    # what it is given.
-    assert book.available("gpu") == frozenset() and held(node) == {}
+    # Reserved in the hook's state (which crihook writes ahead, before the runtime acts),
+    # and carried by the container too.
+    assert book.available("gpu") == frozenset()
+    assert held(node) == {
+        "a:p1/app": {
+            "pod": "p1",
+            "name": "app",
+            "devices": {"gpu": ["0", "1", "2", "3"]},
+            "containers": [],
+            "pending": True,
+        }
+    }
     assert config_of(created).annotations["pools.crihook.io/assigned"] == (
         '{"gpu":["0","1","2","3"]}'
     )
@@ -492,3 +501,140 @@ async def test_a_container_carrying_a_device_another_holds_is_not_adopted() -> N
     book = node.hook.book  # type: ignore[attr-defined]
     assert book.of("p2", "app").devices == {"gpu": ("2",)}  # what is free of it
     assert book.of("p1", "app").devices == {"gpu": ("0",)}
+
+
+async def test_a_reservation_written_ahead_is_confirmed_or_released_after_a_restart() -> None:
+    """crihook stops between the pre stage and the runtime's answer: the reservation is in
+    its state, and the next crihook settles it from what the runtime has, without needing
+    the container's annotation."""
+    node = await start()
+    p1 = await gpu_pod(node, "p1", 2)
+    made = await node.begin_create(p1, burstable("app"))  # the runtime makes this one
+    p2 = await gpu_pod(node, "p2", 2)
+    await node.begin_create(p2, burstable("app"))  # and never this one
+    assert {k: v.get("pending") for k, v in held(node).items()} == {
+        "a:p1/app": True,
+        "a:p2/app": True,
+    }
+
+    restarted = Node(DevicesHook(POLICY, files=host()), TOPO, state=node.state)
+    restarted.pods, restarted.specs = dict(node.pods), dict(node.specs)
+    config = made.request.config
+    del config.annotations["pools.crihook.io/assigned"]  # not what the restart relies on
+    restarted.containers = {"c1": container_view_from_config("c1", p1, config)}
+    restarted.states = {"c1": ContainerState.CREATED}
+    await restarted.sync()
+
+    assert held(restarted) == {
+        "a:p1/app": {
+            "pod": "p1",
+            "name": "app",
+            "devices": {"gpu": ["0", "1"]},
+            "containers": ["c1"],
+        }
+    }
+    assert restarted.hook.book.available("gpu") == {"2", "3"}  # type: ignore[attr-defined]
+    p3 = await gpu_pod(restarted, "p3", 2)
+    assert gpus(await restarted.create(p3, burstable("app"), "c3")) == "2,3"
+
+
+# --- init containers' devices ----------------------------------------------------------------
+
+INIT = "crihook.io/init-containers"
+
+
+async def init_pod(
+    node: Node, sandbox: str, init: int, app: int, *, annotated: bool = True, side: int = 0
+) -> PodView:
+    """A pod whose init container `init` and app container `app` (and `side`) ask for gpus;
+    `annotated`: kubelet's pod says which containers are init containers."""
+    annotations = {
+        "pools.crihook.io/container.init": json.dumps({"gpu": init}),
+        "pools.crihook.io/container.app": json.dumps({"gpu": app}),
+        "pools.crihook.io/container.side": json.dumps({"gpu": side}),
+    }
+    if annotated:
+        annotations[INIT] = "init"
+    containers = [burstable("app"), burstable("side")]
+    spec = PodSpec(sandbox, namespace="ml", containers=containers, annotations=annotations)
+    spec.init_containers = [burstable("init")]
+    return await node.run_pod(spec, sandbox)
+
+
+async def run_init(node: Node, p: PodView, cid: str) -> Created:
+    created = await node.create(p, burstable("init"), cid)
+    node.set_state(cid, ContainerState.EXITED)  # it ran to completion
+    return created
+
+
+async def test_an_app_container_reuses_its_init_containers_devices() -> None:
+    node = await start()
+    p1 = await init_pod(node, "p1", init=2, app=3, side=1)
+    init = await run_init(node, p1, "i1")
+    assert gpus(init) == "0,1"
+    other = await node.create(await gpu_pod(node, "p2", 1), burstable("app"), "o1")
+    assert gpus(other) == "2"
+
+    app = await node.create(p1, burstable("app"), "a1")
+
+    # The init container's two first, then one free: 3 of a 4-device pool, with another pod
+    # holding one, fits only because the init container's are reused.
+    assert gpus(app) == "0,1,3"
+    assert node.runtime.asked == []  # kinds known: no runtime question
+    # The sidecar gets none of them again: the app container holds them now.
+    p3 = await gpu_pod(node, "p3", 1)
+    with pytest.raises(Reject, match="pool gpu cannot give 1 device"):
+        await node.begin_create(p1, burstable("side"))
+    # The init container removed: the app container keeps them; then the pod's go back.
+    await node.remove("i1")
+    assert node.hook.book.available("gpu") == frozenset()  # type: ignore[attr-defined]
+    await node.remove("a1")
+    assert gpus(await node.create(p3, burstable("app"), "c3")) == "0"
+
+
+async def test_an_unannotated_pods_earlier_container_is_reused_once_it_exited() -> None:
+    node = await start()
+    p1 = await init_pod(node, "p1", init=2, app=2, annotated=False)
+    first = await node.create(p1, burstable("init"), "i1")  # kind unknown to crihook
+    assert gpus(first) == "0,1"
+    # Still running (a sidecar, or an app container): not reusable, the app gets new ones.
+    running = await node.begin_create(p1, burstable("app"))
+    assert gpus(running) == "2,3"
+    await node.fail_create(p1, running)
+    assert node.runtime.asked == ["p1"]
+    # Exited (an init container, as CRI shows it): reused.
+    node.set_state("i1", ContainerState.EXITED)
+    assert gpus(await node.create(p1, burstable("app"), "a1")) == "0,1"
+    assert node.hook.book.available("gpu") == {"2", "3"}  # type: ignore[attr-defined]
+
+
+async def test_hints_for_a_reusing_container_hold_the_init_containers_devices() -> None:
+    node = await start()
+    p1 = await init_pod(node, "p1", init=1, app=2)
+    await run_init(
+        node,
+        p1,
+        "i1",
+    )
+    await node.create(await gpu_pod(node, "p2", 1), burstable("app"), "o1")  # holds gpu 1
+    created = await node.begin_create(p1, burstable("app"))
+    # gpu 0 (NUMA 0) is reused: every hint holds node 0; node 0 alone has no second device.
+    assert created.hints == {"devices/gpu": [TopologyHint(frozenset({0, 1}), False)]}
+    assert gpus(created) == "0,2"
+
+
+async def test_shared_holdings_of_one_pod_survive_a_restart() -> None:
+    node = await start()
+    p1 = await init_pod(node, "p1", init=2, app=2)
+    await run_init(node, p1, "i1")
+    await node.create(p1, burstable("app"), "a1")
+    assert held(node)["a:p1/init"]["kind"] == "init"
+
+    restarted = Node(DevicesHook(POLICY, files=host()), TOPO, state=node.state)
+    restarted.pods, restarted.specs = dict(node.pods), dict(node.specs)
+    restarted.containers, restarted.states = dict(node.containers), dict(node.states)
+    await restarted.sync()
+
+    book = restarted.hook.book  # type: ignore[attr-defined]
+    assert book.of("p1", "init").devices == book.of("p1", "app").devices == {"gpu": ("0", "1")}
+    assert book.available("gpu") == {"2", "3"}

@@ -340,6 +340,13 @@ async def test_kubelets_update_does_not_undo_what_the_hook_set() -> None:
     )
     pre, _, request = await node.update("r1", guaranteed_linux)
     assert (request.linux.cpuset_cpus, request.linux.cpu_quota) == ("2-3", -1)
+    # An in-place resize (3 CPUs now) keeps the scheduler's cpuset too.
+    resized = api_pb2.LinuxContainerResources(
+        cpu_shares=3072, cpu_quota=300_000, cpu_period=100_000, cpuset_cpus="0-15"
+    )
+    pre, _, request = await node.update("r1", resized)
+    assert (request.linux.cpuset_cpus, request.linux.cpu_quota) == ("2-3", -1)
+    assert request.linux.cpu_shares == 3072
     # An update carrying annotations only asks for no resources: no batch values are set.
     request = api_pb2.UpdateContainerResourcesRequest(container_id="be1")
     view = node.containers["be1"]
@@ -367,7 +374,9 @@ async def test_a_malformed_batch_spec_refuses_be_pods(qos: str, refused: bool) -
     node = await start()
     spec = koord("p", besteffort("a"), qos=qos, annotations={SPEC: '{"containers": {"a": 1}}'})
     if not refused:
-        assert await sandbox_pre(node, spec) is None
+        pre = await sandbox_pre(node, spec)
+        assert pre is not None and not pre
+        assert pre.reason == "QoS LS (label koordinator.sh/qosClass)"
         return
     with pytest.raises(InvalidRequest, match=f"pod default/p: annotation {SPEC}: container 'a'"):
         await sandbox_pre(node, spec)
@@ -381,7 +390,9 @@ async def test_a_skipped_pod_gets_nothing_of_koordinators_but_is_placed_and_coun
     r = await run(node, lsr("lsr", "2-3"))
     await node.create(r, guaranteed("r", 2000), "r1")
     spec = koord("koordlet", besteffort("k"), qos="BE", batch={"k": BATCH}, labels={SKIP: "true"})
-    assert await sandbox_pre(node, spec) is None
+    pre = await sandbox_pre(node, spec)
+    assert pre is not None and not pre
+    assert pre.reason == f'skipped: label {SKIP}="true" (placed and counted on the pools only)'
     pod = await run(node, spec)
     created = await node.create(pod, besteffort("k"), "k1")
     assert dict(created.pre.changes) == {(Field.CPUSET_CPUS, ""): format_cpu_list(ONLINE)}  # type: ignore[union-attr]
@@ -389,6 +400,24 @@ async def test_a_skipped_pod_gets_nothing_of_koordinators_but_is_placed_and_coun
     lse = await run(node, lsr("lse", "4-5", qos="LSE"))
     moved = await node.create(lse, guaranteed("r", 2000), "e1")
     assert updated(moved.pre)["k1"] == ONLINE - {4, 5}
+
+
+async def test_a_pod_crihook_exempts_is_skipped_like_the_label_says() -> None:
+    node = await start()
+    node.exempt_namespaces = frozenset({"kube-system"})
+    spec = koord("dns", besteffort("d"), qos="BE", batch={"d": BATCH})
+    spec.namespace = "kube-system"
+    pre = await sandbox_pre(node, spec)
+    assert pre is not None and not pre
+    assert pre.reason.startswith("skipped: exempt by crihook's configuration")
+    pod = await run(node, spec)
+    created = await node.create(pod, besteffort("d"), "d1")
+    # Placed on the BE pool and counted, but no batch values.
+    assert dict(created.pre.changes) == {(Field.CPUSET_CPUS, ""): format_cpu_list(ONLINE)}  # type: ignore[union-attr]
+    assert "c:d1" in dict(node.state.items())
+    # The same pod outside the exempt namespace gets its batch values.
+    spec.namespace = "default"
+    assert value(await sandbox_pre(node, spec), Field.CPU_QUOTA) == 100_000
 
 
 async def test_the_reservation_is_written_ahead_and_released_when_the_call_fails() -> None:
@@ -437,7 +466,10 @@ async def test_with_the_cpuset_hook_in_front_this_hook_sets_no_container_cpuset(
     assert cpus_of(await sandbox_pre(node, spec)) == {2, 3}  # the sandbox is still this hook's
     r = await run(node, spec)
     placed = await node.create(r, guaranteed("r", 2000), "r1", cpuset="2-3")
-    assert placed.pre is None
+    assert placed.pre is not None and not placed.pre
+    assert placed.pre.reason == (
+        'cpus: the cpuset hook\'s (cpu_manager = "cpuset"); QoS LSR (label koordinator.sh/qosClass)'
+    )
     with pytest.raises(Reject, match='cpu_manager = "cpuset" needs the cpuset hook'):
         await node.begin_create(r, guaranteed("r", 2000), attempt=1, cpuset="")
 
@@ -461,3 +493,102 @@ def test_registered_at_25_between_cpuset_and_numa_with_its_grants() -> None:
         "memory_limit_in_bytes",
     )
     assert KoordinatorHook.honours_exemption is False
+
+
+# --- why: each adjustment names the rule that decided -------------------------------------------
+
+LABEL_QOS = "(label koordinator.sh/qosClass)"
+
+
+@pytest.mark.parametrize(
+    ("spec", "container", "reason"),
+    [
+        pytest.param(
+            lsr("lsr", "2-3"),
+            guaranteed("r", 2000),
+            f"cpus: koord-scheduler's ({STATUS}); QoS LSR {LABEL_QOS}",
+            id="LSR-scheduler-cpus",
+        ),
+        pytest.param(
+            lsr("lse", "2-3", qos="LSE"),
+            guaranteed("r", 2000),
+            f"cpus: koord-scheduler's ({STATUS}), out of the BE pool too (LSE); "
+            f"QoS LSE {LABEL_QOS}",
+            id="LSE-scheduler-cpus",
+        ),
+        pytest.param(
+            koord("ls", burstable("a"), qos="LS"),
+            burstable("a"),
+            f"cpus: the node's shared pool; QoS LS {LABEL_QOS}",
+            id="LS-label",
+        ),
+        pytest.param(
+            koord("web", burstable("a")),
+            burstable("a"),
+            "cpus: the node's shared pool; QoS LS (from Kubernetes QoS Burstable)",
+            id="LS-from-kubernetes",
+        ),
+        pytest.param(
+            koord("web", burstable("a"), qos="XL"),
+            burstable("a"),
+            "cpus: the node's shared pool; QoS LS (label koordinator.sh/qosClass='XL' unknown, "
+            "so from Kubernetes QoS Burstable)",
+            id="unknown-label",
+        ),
+        pytest.param(
+            koord("ls", burstable("a"), qos="LS", numa=[1]),
+            burstable("a"),
+            f"cpus: the node's shared pool of NUMA node(s) 1 ({STATUS}); QoS LS {LABEL_QOS}",
+            id="LS-numa-narrowed",
+        ),
+        pytest.param(
+            koord("be", besteffort("b"), qos="BE", batch={"b": BATCH}),
+            besteffort("b"),
+            f"cpus: the node's BE pool; QoS BE {LABEL_QOS}; batch resources ({SPEC}): "
+            "CFS quota 100000/100000 µs, 512 cpu shares, memory 2Gi",
+            id="BE-batch",
+        ),
+        pytest.param(
+            koord("be", besteffort("b"), besteffort("c"), qos="BE", batch={"b": BATCH}),
+            besteffort("c"),
+            f"cpus: the node's BE pool; QoS BE {LABEL_QOS}; no batch resources for this "
+            f"container ({SPEC})",
+            id="BE-container-not-in-spec",
+        ),
+        pytest.param(
+            koord("k", besteffort("k"), qos="BE", batch={"k": BATCH}, labels={SKIP: "true"}),
+            besteffort("k"),
+            f'cpus: the node\'s BE pool; skipped: label {SKIP}="true" (placed and counted on '
+            "the pools only)",
+            id="skip-label",
+        ),
+    ],
+)
+async def test_each_container_adjustment_says_which_rule_decided(
+    spec: PodSpec, container: ContainerSpec, reason: str
+) -> None:
+    node = await start()
+    pod = await run(node, spec)
+    created = await node.create(pod, container, "c1")
+    assert created.pre is not None
+    assert created.pre.reason == reason
+
+
+async def test_an_update_says_what_it_keeps() -> None:
+    node = await start()
+    pod = await run(node, lsr("lsr", "2-3"))
+    await node.create(pod, guaranteed("r", 2000), "r1")
+    be = await run(node, koord("be", besteffort("b"), qos="BE", batch={"b": BATCH}))
+    await node.create(be, besteffort("b"), "b1")
+
+    kept, _, _ = await node.update("r1", api_pb2.LinuxContainerResources(cpu_shares=2048))
+    batch, _, _ = await node.update("b1", api_pb2.LinuxContainerResources(cpu_shares=2))
+
+    assert kept is not None and kept.reason == (
+        f"cpus kept: koord-scheduler's cpus ({STATUS}) (kubelet's resources would undo it); "
+        f"QoS LSR {LABEL_QOS}"
+    )
+    assert batch is not None and batch.reason.startswith(
+        "cpus kept: the node's BE pool (kubelet's resources would undo it); QoS BE"
+    )
+    assert batch.reason.endswith("CFS quota 100000/100000 µs, 512 cpu shares, memory 2Gi")

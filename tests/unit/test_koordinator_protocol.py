@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from crihook.hooks.cpuset.koordinator import (
+from crihook.hooks.cpus.koordinator import (
     KoordinatorQoS,
     ScheduledResources,
     member_pool,

@@ -93,9 +93,11 @@ def test_imports_point_one_way(module: str) -> None:
     assert wrong == [], f"{module} ({prefix}) may import only {allowed}, not {wrong}"
 
 
-# Built-in hooks use hooks.spec and hooks.node, not one another (each can be left out of a
-# chain, and none reaches into another's state). The one exception, until the CPU ledger
-# moves below both: koordinator drives the cpuset package's ledger (docs/hooks.md).
+# Built-in hooks use hooks.spec, hooks.node and the shared packages below them, not one
+# another (each can be left out of a chain, and none reaches into another's state). What two
+# hooks both need lives in a shared package: the CPU ledger (hooks.cpus) that the cpuset hook
+# is and the koordinator hook runs.
+SHARED_PACKAGES = ("crihook.hooks.node", "crihook.hooks.cpus")
 BUILTIN_PACKAGES = sorted(
     {
         "crihook.hooks." + p.name
@@ -105,7 +107,6 @@ BUILTIN_PACKAGES = sorted(
     | {"crihook.hooks.examples." + p.name for p in (ROOT / "hooks/examples").iterdir()
        if (p / "__init__.py").exists()}
 )  # fmt: skip
-CROSS_HOOK_EXCEPTIONS = {("crihook.hooks.koordinator", "crihook.hooks.cpuset")}
 
 
 def _package(module: str) -> str | None:
@@ -126,7 +127,25 @@ def test_built_in_hooks_do_not_import_one_another(module: str) -> None:
         for i in _imports(MODULES[module], module)
         if (other := _package(i)) is not None and other != own
     }
-    assert others <= CROSS_HOOK_EXCEPTIONS, f"{module} imports another built-in hook: {others}"
+    assert others == set(), f"{module} imports another built-in hook: {others}"
+
+
+def test_shared_packages_are_no_hooks_and_import_none() -> None:
+    assert not set(SHARED_PACKAGES) & set(BUILTIN_PACKAGES)
+    shared = [m for m in MODULES if any(m == p or m.startswith(p + ".") for p in SHARED_PACKAGES)]
+    assert "crihook.hooks.cpus.ledger" in shared
+    wrong = {(m, i) for m in shared for i in _imports(MODULES[m], m) if _package(i) is not None}
+    assert wrong == set()
+
+
+def test_every_hooks_package_is_a_hook_or_shared_or_known() -> None:
+    """A new package under hooks/ is a built-in hook (which no other may import) or a
+    declared shared package, so the check above cannot be sidestepped by a package that
+    merely lacks hook.py."""
+    packages = {"crihook.hooks." + p.name for p in (ROOT / "hooks").iterdir()
+                if (p / "__init__.py").exists()}  # fmt: skip
+    infrastructure = {"crihook.hooks.spec", "crihook.hooks.remote", "crihook.hooks.examples"}
+    assert packages - set(BUILTIN_PACKAGES) - set(SHARED_PACKAGES) == infrastructure
 
 
 def test_the_check_catches_a_hook_importing_the_proxy(tmp_path: Path) -> None:

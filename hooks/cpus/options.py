@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.cpuset.picker import CPUAllocationError, take_reserved
+from crihook.hooks.cpus.picker import CPUAllocationError, take_reserved
 from crihook.hooks.node import Topology, parse_cpu_list
 
 __all__ = [

@@ -15,7 +15,7 @@ are reusable by its later containers (a restart of the same size gets exactly th
 earlier attempt holds, as kubelet keeps them under the container's name); a holder gives back
 only the CPUs no other container of its pod holds (kubelet's rule for init-container reuse).
 
-Koordinator's pools (`hooks/cpuset/koordinator.py`) sit on the same holders: CPUs a pod got
+Koordinator's pools (`koordinator.py`) sit on the same holders: CPUs a pod got
 from koord-scheduler are held like exclusive CPUs (`scheduled`), so they leave the shared
 pool (Koordinator's LS share pool); the BE pool is the shared pool plus the scheduler CPUs
 BE pods may share (`be_shares`: every pod's but an LSE pod's). A container without CPUs of
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from crihook.hooks.cpuset.koordinator import BE_POOL, SHARED_POOL
+from crihook.hooks.cpus.koordinator import BE_POOL, SHARED_POOL
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import HookState
 

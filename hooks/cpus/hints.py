@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Set as AbstractSet
 
-from crihook.hooks.cpuset.picker import CPUAllocationError
+from crihook.hooks.cpus.picker import CPUAllocationError
 from crihook.hooks.node.topology import Topology
 from crihook.hooks.spec.hints import TopologyHint
 

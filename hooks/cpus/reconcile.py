@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from crihook.hooks.cpuset.koordinator import (
+from crihook.hooks.cpus.koordinator import (
     BE_POOL,
     SHARED_POOL,
     ScheduledResources,
@@ -36,8 +36,8 @@ from crihook.hooks.cpuset.koordinator import (
     scheduled_resources,
     shuns_exclusive_cpus,
 )
-from crihook.hooks.cpuset.pool import CpuPool, Holder, reservation_key
-from crihook.hooks.cpuset.rules import exclusive_cpus
+from crihook.hooks.cpus.pool import CpuPool, Holder, reservation_key
+from crihook.hooks.cpus.rules import exclusive_cpus
 from crihook.hooks.node import format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import (
     ContainerState,
