@@ -90,6 +90,10 @@ class CpuLedger(Hook):
         self._unlimited: set[str] = set()
         """Pods whose cgroup's CFS quota crihook lifted."""
         self._scope = "container"
+        self._topology_policy = "none"
+        self._resized: dict[str, Holder] = {}
+        """Container id → its holder before an in-place resize the runtime has not applied
+        yet (put back if it fails)."""
         self._finished: dict[str, Mapping[str, bool]] = {}
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
 
@@ -100,6 +104,7 @@ class CpuLedger(Hook):
         self._runtime = sync.runtime
         self._host = sync.host
         self._scope = sync.topology_scope
+        self._topology_policy = sync.topology_policy
         # At start a running container keeps what it has, or shares; later (a restored pod)
         # one whose exclusive CPUs are taken meanwhile is given free ones.
         place = self._place_adopted if sync.reason != "start" else None
@@ -297,10 +302,70 @@ class CpuLedger(Hook):
         if holder is None or want is None:
             return None
         if holder.cpus and not holder.scheduled:
-            _refuse_cpu_resize(holder, ctx.request.linux, container)  # type: ignore[attr-defined]
+            milli = cpu_request_milli_from_shares(ctx.request.linux.cpu_shares)  # type: ignore[attr-defined]
+            if milli is not None and milli != len(holder.cpus) * 1000:
+                if not self.config.resize_exclusive_cpus or holder.in_bubble:
+                    _refuse_cpu_resize(holder, milli, container)
+                return self._resize_exclusive(ctx, container, holder, milli)
         adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(want)).because(_kept(holder))
         if holder.cpus and self.config.disable_cfs_quota:
             adjustment.set_cpu_quota(-1)
+        return adjustment
+
+    async def failed_update_container_resources(self, ctx: HookContext) -> None:
+        container = _container(ctx)
+        before = self._resized.pop(container.id, None)
+        if before is not None:  # the runtime did not resize it: it holds what it held
+            self.pool.record(container.id, before)
+
+    async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        self._resized.pop(_container(ctx).id, None)
+        return None
+
+    def _resize_exclusive(
+        self, ctx: HookContext, container: ContainerView, holder: Holder, milli: int
+    ) -> Adjustment:
+        """kubelet's in-place resize of exclusive CPUs (InPlacePodVerticalScalingExclusiveCPUs,
+        KEP-5554): a container keeps the CPUs it was created with; growing adds free CPUs,
+        those of its NUMA nodes first; shrinking keeps a subset of what it holds, never fewer
+        than it was created with. The shared pool follows once the runtime applied it."""
+        what = f"resize of container {container.name!r} of pod {_pod(ctx.pod)}"
+        if milli % 1000:
+            raise Reject(
+                f"{what} to {milli}m CPU is infeasible: it holds {len(holder.cpus)} exclusive "
+                "CPUs, which resize by whole CPUs only"
+            )
+        count, current, kept = milli // 1000, holder.cpus, holder.created_with
+        topology = self.pool.topology
+        if count < len(kept):
+            raise Reject(
+                f"{what} to {count} CPUs is infeasible: it was created with {len(kept)} "
+                f"exclusive CPUs ({format_cpu_list(kept)}), which an in-place resize keeps"
+            )
+        if count > len(current):
+            numa = topology.numa_of(current)
+            affinity = TopologyHint(numa, True)
+            extra = self._take(self.pool.free(), count - len(current), affinity, what)
+            if self._topology_policy == "single-numa-node" and topology.numa_of(extra) - numa:
+                raise Reject(
+                    f"{what} to {count} CPUs: NUMA node(s) {format_cpu_list(numa)} have too "
+                    "few free CPUs, and the single-numa-node topology policy keeps it there"
+                )
+            self._keep_node_shared_pool(extra, what)
+            cpus = current | extra
+        else:
+            more = count - len(kept)
+            affinity = TopologyHint(topology.numa_of(kept), True)
+            cpus = kept | (self._take(current - kept, more, affinity, what) if more else kept)
+        self._resized[container.id] = self.pool.resize(container.id, cpus)
+        adjustment = Adjustment().set_cpuset_cpus(format_cpu_list(cpus))
+        adjustment.because(
+            f"exclusive CPUs resized in place from {len(current)} to {count} "
+            f"(created with {format_cpu_list(kept)})"
+        )
+        if self.config.disable_cfs_quota:
+            adjustment.set_cpu_quota(-1)
+        self._shared_updates(None, adjustment)
         return adjustment
 
     # --- giving CPUs back --------------------------------------------------------------------
@@ -554,14 +619,12 @@ def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPo
     return pool
 
 
-def _refuse_cpu_resize(holder: Holder, linux: object, container: ContainerView) -> None:
+def _refuse_cpu_resize(holder: Holder, milli: int, container: ContainerView) -> None:
     """kubelet's rule: with the static policy a Guaranteed container's CPUs are not resized
-    in place (InPlacePodVerticalScalingExclusiveCPUs is off by default): the resize is
-    refused, and kubelet reports it infeasible. kubelet re-sending the same resources (its
-    reconcile, a restart) is no resize."""
-    milli = cpu_request_milli_from_shares(getattr(linux, "cpu_shares", 0))
-    if milli is None or milli == len(holder.cpus) * 1000:
-        return
+    in place unless InPlacePodVerticalScalingExclusiveCPUs is on (`resize_exclusive_cpus`,
+    off by default, as in kubelet; a pod's bubble never): the resize is refused, and kubelet
+    reports it infeasible. (kubelet re-sending the same resources, its reconcile or a
+    restart, is no resize: the caller checks.)"""
     raise Reject(
         f"resize of container {container.name!r} to {milli}m CPU is infeasible: it holds "
         f"{len(holder.cpus)} exclusive CPUs (kubelet's static policy does not resize "

@@ -5,6 +5,7 @@
     policy_options = { "full-pcpus-only" = "true", "distribute-cpus-across-numa" = "true" }
     disable_cfs_quota = true         # exclusive containers run without a CFS quota
     policy = "static"                # or "none": no exclusive CPUs but koord-scheduler's
+    resize_exclusive_cpus = false    # kubelet's InPlacePodVerticalScalingExclusiveCPUs gate
 
 `policy_options` takes kubelet's own `cpuManagerPolicyOptions` keys and string values, so a
 kubelet configuration carries over as it is, and refuses what kubelet refuses
@@ -65,7 +66,7 @@ EXCLUSIVE_PAIRS = (
 )
 """Options kubelet refuses together, in the order it checks them."""
 
-_KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota", "policy"}
+_KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota", "policy", "resize_exclusive_cpus"}
 _POLICIES = ("static", "none")
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
@@ -89,6 +90,11 @@ class CpusetOptions:
     """kubelet's `static` policy: Guaranteed containers with whole CPUs get exclusive ones.
     `none`: only the CPUs koord-scheduler gave a pod are its own, every other container runs
     on a pool (as on a Koordinator node with kubelet's `none` policy)."""
+    resize_exclusive_cpus: bool = False
+    """kubelet's InPlacePodVerticalScalingExclusiveCPUs feature gate (alpha, off by default):
+    an in-place resize of a container with exclusive CPUs grows or shrinks them, keeping the
+    CPUs it was created with. Off: such a resize is refused, as kubelet refuses it. Set it as
+    kubelet's gate is set."""
 
 
 def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
@@ -126,6 +132,9 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
     quota = options.get("disable_cfs_quota", True)
     if not isinstance(quota, bool):
         raise ValueError(f"cpuset: disable_cfs_quota must be true or false, not {quota!r}")
+    resize = options.get("resize_exclusive_cpus", False)
+    if not isinstance(resize, bool):
+        raise ValueError(f"cpuset: resize_exclusive_cpus must be true or false, not {resize!r}")
     policy_name = options.get("policy", "static")
     if policy_name not in _POLICIES:
         raise ValueError(f'cpuset: policy must be "static" or "none", not {policy_name!r}')
@@ -139,6 +148,7 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
         prefer_align_cpus_by_uncorecache=flags.get(ALIGN_BY_UNCORECACHE, False),
         disable_cfs_quota=quota,
         static=policy_name == "static",
+        resize_exclusive_cpus=resize,
     )
 
 

@@ -73,6 +73,14 @@ class Holder:
     """`namespace/name`, for messages about a pod holding scheduled CPUs."""
     numa: frozenset[int] = frozenset()
     """Without CPUs of its own: the NUMA nodes koord-scheduler narrowed its pool to."""
+    promised: frozenset[int] = frozenset()
+    """The exclusive CPUs it was created with, once an in-place resize changed `cpus`
+    (kubelet's "promised" CPUs: a resize keeps them). Empty: never resized."""
+
+    @property
+    def created_with(self) -> frozenset[int]:
+        """The exclusive CPUs an in-place resize must keep."""
+        return self.promised or self.cpus
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"pod": self.pod, "name": self.name, "attempt": self.attempt}
@@ -92,6 +100,8 @@ class Holder:
             doc["pod_name"] = self.pod_name
         if self.numa:
             doc["numa"] = format_cpu_list(self.numa)
+        if self.promised:
+            doc["promised"] = format_cpu_list(self.promised)
         return doc
 
     @classmethod
@@ -109,6 +119,7 @@ class Holder:
             be_shares=bool(doc.get("be_shares", False)),
             pod_name=str(doc.get("pod_name", "")),
             numa=parse_cpu_list(str(doc.get("numa", ""))),
+            promised=parse_cpu_list(str(doc.get("promised", ""))),
         )
 
 
@@ -284,6 +295,14 @@ class CpuPool:
         self.containers[container_id] = holder
         self._hold(holder)
         self.state.set(_CONTAINER + container_id, holder.to_dict())
+
+    def resize(self, container_id: str, cpus: frozenset[int]) -> Holder:
+        """A running container's exclusive CPUs become `cpus` (an in-place resize; the CPUs
+        it was created with stay `promised`). Returns the holder as it was, to put back with
+        `record` if the runtime does not apply the resize."""
+        holder = self.containers[container_id]
+        self.record(container_id, replace(holder, cpus=cpus, promised=holder.created_with))
+        return holder
 
     def release(self, key: str) -> frozenset[int]:
         """Forget a container or a reservation. Returns the CPUs it gave back to the node

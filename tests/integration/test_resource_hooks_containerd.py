@@ -510,3 +510,57 @@ def test_resizes_grow_and_shrink_on_the_host_and_exclusive_ones_are_refused(
                 kubelet.runtime.UpdatePodSandboxResources(request, timeout=30)
         assert cpuset_cpus(pinned_pod, pinned) == held
         assert cpuset_cpus(shared_pod, shared) == online - held
+
+
+def test_with_resize_exclusive_cpus_an_exclusive_container_grows_and_shrinks_on_the_host(
+    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+) -> None:
+    """kubelet's InPlacePodVerticalScalingExclusiveCPUs: a Guaranteed container created with
+    1 CPU grows to every CPU of this machine and back to the CPU it was created with (never
+    below it: checked on the fixtures); half a CPU is refused, and a resize containerd refuses
+    leaves its CPUs as they were."""
+    proc = start_crihook("[hooks.cpuset]\nresize_exclusive_cpus = true\n")
+    online = topology.online
+    with kubelet_for(proc, containerd) as kubelet:
+        handle, cid, _ = run_pod(kubelet, guaranteed("grows"), pod_cleanup)
+        held = cpuset_cpus(handle, cid)
+        pid = kubelet.container_pid(cid)
+        assert len(held) == 1
+
+        count = len(online)
+        update_resources(kubelet, handle, cid, cpu_quota=count * 100_000, cpu_shares=count * 1024)
+        assert cpuset_cpus(handle, cid) == online
+        assert cpus_allowed_of_pid(pid) == online
+        assert cgroup_value("cpu", handle, cid, "cpu.cfs_quota_us") == "-1"
+        holder = hook_state(proc, "cpuset")[f"c:{cid}"]
+        assert (holder["cpus"], holder["promised"]) == (
+            format_cpu_list(online),
+            format_cpu_list(held),
+        )
+
+        with pytest.raises(grpc.RpcError) as info:  # half a CPU: not exclusive any more
+            update_resources(kubelet, handle, cid, cpu_quota=50_000, cpu_shares=512)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "by whole CPUs only" in (info.value.details() or "")
+        assert cpuset_cpus(handle, cid) == online
+
+        update_resources(kubelet, handle, cid)  # back to 1 CPU: the one it was created with
+        assert cpuset_cpus(handle, cid) == held
+        assert cpus_allowed_of_pid(pid) == held
+
+        # containerd refuses a resize (a CFS period the kernel does not take): the cpuset
+        # hook had moved it in its pre stage, and takes it back.
+        with pytest.raises(grpc.RpcError) as info:
+            update_resources(
+                kubelet, handle, cid, cpu_shares=count * 1024, cpu_quota=count, cpu_period=1
+            )
+        assert info.value.code() != grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+        state = state_when(
+            proc, "cpuset", lambda s: s[f"c:{cid}"]["cpus"] == format_cpu_list(held), "put back"
+        )
+        assert state[f"c:{cid}"]["cpus"] == format_cpu_list(held)
+        # runc applies a resize setting by setting: the cpuset went through before the
+        # period failed. kubelet's revert, which follows a failed update, puts it right.
+        update_resources(kubelet, handle, cid)
+        assert cpuset_cpus(handle, cid) == held
+        assert cpus_allowed_of_pid(pid) == held

@@ -470,6 +470,19 @@ class Node:
         self._apply(event, request, post)
         return pre, post, request
 
+    async def fail_update(
+        self, cid: str, linux: api_pb2.LinuxContainerResources, *, failure: str = "runtime said no"
+    ) -> Adjustment | None:
+        """UpdateContainerResources whose runtime call fails after the pre stage."""
+        view = self.containers[cid]
+        pod = self.pods[view.pod_id]
+        request = api_pb2.UpdateContainerResourcesRequest(container_id=cid)
+        request.linux.CopyFrom(linux)
+        event = Event.UPDATE_CONTAINER_RESOURCES
+        pre = await self.stage(event, Stage.PRE, pod, view, request)
+        await self.stage(event, Stage.FAILED, pod, view, request, failure=failure)
+        return pre  # type: ignore[no-any-return]
+
     # --- what the node runs with ---------------------------------------------------------------
     def cpus(self, cid: str) -> frozenset[int]:
         """The container's CPUs; an unset cpuset is every online CPU."""

@@ -119,6 +119,11 @@ OPTIONS_OK = [
     pytest.param(
         {"disable_cfs_quota": False}, CpusetOptions(disable_cfs_quota=False), id="keep-quota"
     ),
+    pytest.param(
+        {"resize_exclusive_cpus": True},
+        CpusetOptions(resize_exclusive_cpus=True),
+        id="resize-exclusive-cpus",
+    ),
 ]
 
 
@@ -149,6 +154,11 @@ OPTIONS_BAD = [
     ),
     pytest.param(
         {"disable_cfs_quota": "false"}, "disable_cfs_quota must be true or false", id="quota-str"
+    ),
+    pytest.param(
+        {"resize_exclusive_cpus": "true"},
+        "resize_exclusive_cpus must be true or false",
+        id="resize-str",
     ),
 ]
 
@@ -1030,3 +1040,120 @@ async def test_a_shared_container_resizes_freely() -> None:
         "c1", api_pb2.LinuxContainerResources(cpu_shares=2048, cpu_period=100_000)
     )
     assert cpuset(pre) == ONLINE and request.linux.cpu_shares == 2048
+
+
+# --- resize with InPlacePodVerticalScalingExclusiveCPUs (resize_exclusive_cpus) ----------------
+
+RESIZE = {"resize_exclusive_cpus": True}
+
+
+async def exclusive_and_shared(node: Node, cpus: int = 2) -> frozenset[int]:
+    """A Guaranteed container `c1` with `cpus` exclusive CPUs, and a shared one, `s1`."""
+    b = await pod(node, "b", burstable("web", 500))
+    await node.create(b, burstable("web", 500), "s1")
+    g = await pod(node, "g", guaranteed("app", cpus * 1000))
+    created = await node.create(g, guaranteed("app", cpus * 1000), "c1")
+    held = cpuset(created.pre)
+    assert held is not None and len(held) == cpus
+    return held
+
+
+async def test_growing_keeps_the_cpus_and_adds_free_ones_of_the_same_numa_node_first() -> None:
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    free = pool_of(node).free()
+    pre, _, request = await node.update("c1", resources_for(4000))
+
+    extra = take_cpus(TOPO, free, 2, numa_affinity=TOPO.numa_of(held))
+    assert cpuset(pre) == held | extra
+    assert request.linux.cpu_quota == -1  # still exclusive: no quota (kubelet's default)
+    assert pool_of(node).containers["c1"].cpus == held | extra
+    assert pool_of(node).containers["c1"].promised == held
+    assert node.cpus("s1") == ONLINE - held - extra  # the shared pool follows
+    assert TOPO.numa_of(held | extra) == TOPO.numa_of(held)
+
+
+async def test_shrinking_keeps_a_subset_and_never_goes_below_the_cpus_it_was_created_with() -> None:
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    await node.update("c1", resources_for(6000))
+    grown = pool_of(node).containers["c1"].cpus
+
+    pre, _, _ = await node.update("c1", resources_for(4000))
+    shrunk = cpuset(pre)
+    assert shrunk is not None and len(shrunk) == 4 and held <= shrunk <= grown
+    assert node.cpus("s1") == ONLINE - shrunk
+
+    with pytest.raises(Reject, match="created with 2 exclusive CPUs"):
+        await node.update("c1", resources_for(1000))
+    pre, _, _ = await node.update("c1", resources_for(2000))
+    assert cpuset(pre) == held and node.cpus("s1") == ONLINE - held
+
+
+async def test_a_resize_the_runtime_refuses_leaves_the_cpus_as_they_were() -> None:
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    shared = node.cpus("s1")
+    pre = await node.fail_update("c1", resources_for(4000))
+    assert cpuset(pre) is not None and len(cpuset(pre) or ()) == 4  # what was asked for
+
+    holder = pool_of(node).containers["c1"]
+    assert holder.cpus == held and not holder.promised
+    assert parse_cpu_list(node.state.get("c:c1")["cpus"]) == held  # written back too
+    assert pool_of(node).shared_pool() == shared
+    # kubelet's revert, and then a resize that works, start from there.
+    pre, _, _ = await node.update("c1", resources_for(2000))
+    assert cpuset(pre) == held
+
+
+async def test_exclusive_cpus_resize_by_whole_cpus_only() -> None:
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    with pytest.raises(Reject, match=r"to 2500m CPU is infeasible: .* by whole CPUs only"):
+        await node.update("c1", resources_for(2500))
+    assert pool_of(node).containers["c1"].cpus == held
+
+
+@pytest.mark.parametrize("policy", ["none", "single-numa-node"])
+async def test_growing_past_its_numa_node_spills_unless_single_numa_node(policy: str) -> None:
+    node = await start(RESIZE, policy=policy)
+    held = await exclusive_and_shared(node, cpus=6)
+    assert len(TOPO.numa_of(held)) == 1  # 6 of a node's 8 CPUs
+    if policy == "single-numa-node":
+        with pytest.raises(Reject, match="single-numa-node topology policy keeps it there"):
+            await node.update("c1", resources_for(10000))
+        assert pool_of(node).containers["c1"].cpus == held
+        return
+    pre, _, _ = await node.update("c1", resources_for(10000))
+    grown = cpuset(pre)
+    assert grown is not None and held < grown and len(TOPO.numa_of(grown)) == 2
+
+
+async def test_the_cpus_it_was_created_with_survive_a_restart() -> None:
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    await node.update("c1", resources_for(4000))
+    grown = pool_of(node).containers["c1"].cpus
+
+    restarted = Node(
+        CpusetHook(RESIZE),
+        TOPO,
+        state=node.state,
+        pods=node.pods,
+        specs=node.specs,
+        containers=node.containers,
+        states=node.states,
+    )
+    assert await restarted.sync() == []
+    holder = pool_of(restarted).containers["c1"]
+    assert (holder.cpus, holder.promised) == (grown, held)
+    with pytest.raises(Reject, match="created with 2 exclusive CPUs"):
+        await restarted.update("c1", resources_for(1000))
+
+
+async def test_the_same_resources_again_are_no_resize() -> None:
+    """kubelet's reconcile re-sends what it sent: nothing moves, gate or not."""
+    node = await start(RESIZE)
+    held = await exclusive_and_shared(node)
+    pre, _, _ = await node.update("c1", resources_for(2000))
+    assert cpuset(pre) == held and not pool_of(node).containers["c1"].promised
