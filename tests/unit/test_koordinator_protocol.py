@@ -159,6 +159,9 @@ MALFORMED_STATUS = [
     pytest.param('{"cpuset": 3}', "cpu list string", id="cpuset-number"),
     pytest.param('{"cpuset": "3-1"}', "descending range", id="descending"),
     pytest.param('{"cpuset": "0-3,"}', "bad element", id="dangling-comma"),
+    # Four billion ids built on the event loop (minutes, gigabytes): refused at once.
+    pytest.param('{"cpuset": "0-4294967295"}', "beyond any cpu id", id="huge-range"),
+    pytest.param('{"cpuset": "1,65536"}', "65536 is beyond any cpu id", id="huge-id"),
     pytest.param('{"numaNodeResources": {"node": 0}}', "must be a list", id="numa-object"),
     pytest.param('{"numaNodeResources": [{"resources": {}}]}', "no NUMA node", id="numa-no-node"),
 ]
