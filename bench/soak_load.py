@@ -96,6 +96,18 @@ def _latency_table(calls: Calls) -> str:
     return "\n".join(rows)
 
 
+def _ratio_table(through: Calls, direct: Calls) -> str:
+    rows = []
+    for method, values in sorted(through.latencies.items()):
+        if not direct.latencies.get(method):
+            continue
+        ours, theirs = percentiles(values), percentiles(direct.latencies[method])
+        rows.append(
+            f"    {method:<26} p50 {ours[50] / theirs[50]:5.2f}x  p99 {ours[99] / theirs[99]:5.2f}x"
+        )
+    return "\n".join(rows)
+
+
 # --- load ----------------------------------------------------------------------------------------
 
 
@@ -106,6 +118,9 @@ class LoadResult:
     seconds: float = 0.0
     calls: Calls = field(default_factory=Calls)
     setup_seconds: float = 0.0
+    direct: Calls = field(default_factory=Calls)
+    """The same storm sent straight to the runtime afterwards."""
+    direct_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -118,6 +133,9 @@ class LoadResult:
             self.calls.table(),
             "  latency (client side, all calls in flight at once, 32 at a time):",
             _latency_table(self.calls),
+            f"  the same storm straight to the runtime: {self.direct_seconds:.2f} s; "
+            "through crihook / direct, p50 and p99:",
+            _ratio_table(self.calls, self.direct),
             "  invariants: " + ("all hold" if not self.problems else "VIOLATED"),
         ]
         lines += [f"    - {p}" for p in self.problems[:20]]
@@ -232,6 +250,10 @@ def run_load(
                 )
         if not _store_matches(crihook, runtime):
             result.problems.append("the store no longer matches the runtime")
+        # The same storm straight to the runtime, for the ratios (same run, same machine).
+        start = time.monotonic()
+        asyncio.run(_storm(runtime.endpoint, made, list(runtime.pods), relists, result.direct))
+        result.direct_seconds = time.monotonic() - start
         result.problems += [f"unclear status: {m} {c}: {d}" for m, c, d in result.calls.unclear]
         return result
     finally:
