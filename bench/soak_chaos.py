@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from bench.soak_common import Calls, ProbedCrihook, leaks_between
+from bench.soak_common import Calls, ProbedCrihook, leaks_between, tracebacks
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import wait_for
@@ -593,6 +593,7 @@ def run_chaos(
         finally:
             kubelet.close()
         result.problems += [f"unclear status: {m} {c}: {d}" for m, c, d in result.calls.unclear]
+        result.problems += tracebacks("crihook", node.crihook.log())
         return result
     finally:
         node.stop()

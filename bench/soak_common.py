@@ -26,6 +26,7 @@ __all__ = [
     "fd_kinds",
     "leaks_between",
     "percentiles",
+    "tracebacks",
     "unclear_status",
 ]
 
@@ -143,6 +144,18 @@ class ProbedCrihook(CrihookProcess):
         except FileNotFoundError:
             return {}
         return doc
+
+
+def tracebacks(name: str, log: str) -> list[str]:
+    """A traceback in a log is a bug that was caught somewhere (crihook logs expected
+    failures in words): each one, as a problem, with the lines that say what it was."""
+    lines = log.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback"):
+            end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), i)
+            found.append(f"{name} logged a traceback: {lines[i - 1][:200]} ... {lines[end][:200]}")
+    return found
 
 
 def fd_kinds(fds: dict[str, str]) -> Counter[str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from bench.soak_common import Calls, ProbedCrihook, leaks_between, percentiles
+from bench.soak_common import Calls, ProbedCrihook, leaks_between, percentiles, tracebacks
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.crihook_proc import wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
@@ -250,6 +250,7 @@ def run_load(
                 )
         if not _store_matches(crihook, runtime):
             result.problems.append("the store no longer matches the runtime")
+        result.problems += tracebacks("crihook", crihook.log())
         # The same storm straight to the runtime, for the ratios (same run, same machine).
         start = time.monotonic()
         asyncio.run(_storm(runtime.endpoint, made, list(runtime.pods), relists, result.direct))
@@ -415,6 +416,7 @@ def run_endurance(
             result.problems.append(f"cpuset still holds {held[:5]}")
         if runtime.pods or runtime.containers:
             result.problems.append("the runtime still has pods or containers")
+        result.problems += tracebacks("crihook", crihook.log())
         result.problems += [f"unclear status: {m} {c}: {d}" for m, c, d in result.calls.unclear]
         return result
     finally:

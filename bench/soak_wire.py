@@ -31,7 +31,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.soak_common import Calls, ProbedCrihook, unclear_status
+from bench.soak_common import Calls, ProbedCrihook, tracebacks, unclear_status
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
 from crihook.proxy.methods import INTERCEPTED
@@ -312,6 +312,8 @@ def run_wire(
         for name in pids:
             if after[name] > before[name]:
                 result.problems.append(f"{name} holds {after[name] - before[name]} more fds")
+        result.problems += tracebacks("crihook", crihook.log())
+        result.problems += tracebacks("the plugin", (plugin.dir / "plugin.log").read_text())
         failed = {k: n for k, n in result.bystander.outcomes.items() if k[1] != "OK"}
         if failed or not result.bystander.total:
             result.problems.append(f"the bystander's calls failed: {failed}")
