@@ -160,7 +160,7 @@ class _Servicer:
 
     # --- Configure / Synchronize --------------------------------------------------------------
     async def configure(self, data: bytes) -> bytes:
-        request = hook_pb2.ConfigureRequest.FromString(data)
+        request = _decode(hook_pb2.ConfigureRequest, data)
         log.info(
             "configured by crihook %s as %s (protocol %s, timeout %d ms)",
             request.crihook_version,
@@ -175,7 +175,7 @@ class _Servicer:
         ).SerializeToString()
 
     async def synchronize(self, data: bytes) -> bytes:
-        request = hook_pb2.SynchronizeRequest.FromString(data)
+        request = _decode(hook_pb2.SynchronizeRequest, data)
         sync = SyncContext(
             state=self._state,
             node=self._topology(),
@@ -431,6 +431,14 @@ def _states(raw: Mapping[str, str]) -> dict[str, ContainerState]:
     return {
         cid: ContainerState(v) if v in known else ContainerState.UNKNOWN for cid, v in raw.items()
     }
+
+
+def _decode(kind: Any, data: bytes) -> Any:
+    """`kind` parsed from `data`; INVALID_ARGUMENT naming the message when it is not one."""
+    try:
+        return kind.FromString(data)
+    except DecodeError as exc:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {kind.__name__}: {exc}") from exc
 
 
 def _describe(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 
 # How often status.json (hooks, breakers, counters) is rewritten for `crihook state`.
 STATUS_INTERVAL_SECONDS = 1.0
+# How often crihook checks that its socket is still the one it serves on.
+SOCKET_CHECK_SECONDS = 1.0
 # How long readiness waits for the plugins loaded at start to connect: a plugin that is up
 # should see the first call; one that is down must not keep the node from starting.
 PLUGIN_CONNECT_WAIT_SECONDS = 2.0
@@ -146,6 +149,8 @@ class App:
         self.stopped_at: float | None = None
         """Set when the shutdown begins: the last status.json says crihook is not running."""
         self._tasks: list[asyncio.Task[Any]] = []
+        self.server_lost = False
+        """The server stopped serving by itself: `run` exits 1, so that crihook is restarted."""
 
     def build_hooks(self) -> None:
         """Build the in-process chain; ConfigError if a hook cannot be loaded."""
@@ -325,6 +330,27 @@ class App:
         await server.start()
         return server
 
+    async def _watch_socket(self, path: Path, inode: int, stop: asyncio.Event) -> None:
+        """grpc's aio server can stop serving by itself: in grpcio 1.85 a request whose method
+        name is not UTF-8 ends its main loop, and the socket file goes with the listener.
+        Rather than stay up and deaf, crihook then stops and exits 1 (systemd restarts it)."""
+        while True:
+            await asyncio.sleep(SOCKET_CHECK_SECONDS)
+            if stop.is_set():  # stopping: the server takes its socket away
+                return
+            try:
+                same = os.stat(path).st_ino == inode  # a stat of a local path: no I/O wait
+            except FileNotFoundError:
+                same = False
+            if not same:
+                log.error(
+                    "the socket %s is gone: the gRPC server no longer serves; stopping, exit 1",
+                    path,
+                )
+                self.server_lost = True
+                stop.set()
+                return
+
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
         self.store.load()
@@ -368,6 +394,9 @@ class App:
             asyncio.create_task(self._become_ready(), name="crihook-become-ready"),
             asyncio.create_task(self._status_writer(), name="crihook-status-writer"),
             asyncio.create_task(keep_alive(), name="crihook-watchdog"),
+            asyncio.create_task(
+                self._watch_socket(path, os.stat(path).st_ino, stop), name="crihook-socket-watch"
+            ),
         ]
         try:
             await stop.wait()
@@ -426,7 +455,7 @@ def read_topology(settings: Settings) -> Topology:
 
 
 async def run(settings: Settings) -> int:
-    """Serve until SIGTERM/SIGINT; 0 on a clean stop."""
+    """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when the server stopped serving."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -438,4 +467,4 @@ async def run(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
         signal.signal(sig, signal.SIG_IGN)
-    return 0
+    return 1 if app.server_lost else 0

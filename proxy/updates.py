@@ -95,12 +95,14 @@ class ContainerUpdater:
                 await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
             except RuntimeCallFailed as err:
                 self._failed(container_id, hooks, delta, err.status, extra)
+                self._forget_if_gone(container_id, target)
                 return SentUpdate(container_id, _sent(request), changed, hooks, err.status)
             for name, (_, seq, _) in fields.items():
                 target.applied[name] = seq
             sent = SentUpdate(container_id, _sent(request), changed, hooks, None)
             record = self._store.container(container_id)  # it may have changed meanwhile
             if record is None:
+                self._forget_if_gone(container_id, target)
                 return sent
             res = resources_view(request.linux, record.view.resources.qos_class)
             record.view = replace(record.view, resources=res)
@@ -109,6 +111,15 @@ class ContainerUpdater:
                 record.audit[name] = {"hook": hook, "value": value, "event": "update", "at": now}
             self._store.put_container(record)
             return sent
+
+    def _forget_if_gone(self, container_id: str, target: _Target) -> None:
+        """An update computed before the container was removed can be sent after `forget`:
+        its record must not outlive it (one per such race, kept for ever under churn)."""
+        if (
+            self._store.container(container_id) is None
+            and self._targets.get(container_id) is target
+        ):
+            del self._targets[container_id]
 
     def _failed(
         self,

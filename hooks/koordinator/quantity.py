@@ -21,6 +21,8 @@ __all__ = ["ceil_milli", "ceil_value", "parse_quantity"]
 _NUMBER = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(.*)")
 _EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)")
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_MAX_EXPONENT = 60
+"""apimachinery caps quantities at 2**63-1 (about 9.2e18); any exponent past this is absurd."""
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
@@ -39,7 +41,11 @@ def parse_quantity(text: str) -> Fraction:
         exponent = _EXPONENT.fullmatch(suffix)
         if exponent is None:
             raise ValueError(f"{text!r} is not a quantity: unknown suffix {suffix!r}")
-        value *= Fraction(10) ** int(exponent[1])
+        power = int(exponent[1]) if len(exponent[1]) <= 6 else _MAX_EXPONENT + 1
+        if abs(power) > _MAX_EXPONENT:
+            # 10**999999999 would take the event loop hours to compute: from a pod annotation.
+            raise ValueError(f"{text!r} is not a quantity: exponent beyond ±{_MAX_EXPONENT}")
+        value *= Fraction(10) ** power
     return -value if sign == "-" else value
 
 

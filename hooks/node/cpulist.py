@@ -8,7 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["format_cpu_list", "parse_cpu_list"]
+__all__ = ["MAX_CPU_ID", "format_cpu_list", "parse_cpu_list"]
+
+MAX_CPU_ID = (1 << 16) - 1
+"""Above any kernel's CPU or NUMA node ids (NR_CPUS is at most 8192). A cpulist can come
+from a pod annotation (Koordinator's resource-status): `0-4294967295` would be four billion
+ids built on the event loop."""
 
 # One element: a number or an ascending range. ASCII digits only: str.isdigit() would accept
 # other scripts' digits, which the kernel never prints.
@@ -20,7 +25,8 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
     Surrounding whitespace (sysfs files end with a newline) is ignored. Anything else the
     kernel would not print (a dangling ``-``, a descending range, an empty element, inner
-    spaces, the ``a-b:stride/group`` form) raises ValueError naming the text.
+    spaces, the ``a-b:stride/group`` form) or an id above MAX_CPU_ID raises ValueError
+    naming the text.
     """
     stripped = text.strip()
     if not stripped:
@@ -34,6 +40,8 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         high = low if match[2] is None else int(match[2])
         if high < low:
             raise ValueError(f"malformed cpu list {stripped!r} (descending range {element!r})")
+        if high > MAX_CPU_ID:
+            raise ValueError(f"cpu list {stripped!r}: {high} is beyond any cpu id ({MAX_CPU_ID})")
         ids.update(range(low, high + 1))
     return frozenset(ids)
 

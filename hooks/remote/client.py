@@ -127,15 +127,17 @@ def check_socket(path: str, trusted_uid: int = TRUSTED_UID) -> str | None:
         return f"refusing socket {path}: owned by uid {st.st_uid}, not uid {trusted_uid}"
     if st.st_mode & 0o002:
         return f"refusing socket {path}: world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
-    # Whoever can write the directory can swap the socket between this check and connect().
-    parent = os.path.dirname(path) or "."
-    dst = os.stat(parent)
-    if dst.st_uid != trusted_uid or dst.st_mode & 0o002:
-        return (
-            f"refusing socket {path}: its directory {parent} is owned by uid {dst.st_uid} "
-            f"with mode {stat.S_IMODE(dst.st_mode):04o} (needs uid {trusted_uid}, "
-            "not world-writable)"
-        )
+    # Whoever can write the directory can swap the socket between this check and connect():
+    # the endpoint's directory, and the socket's own when the endpoint is a symlink to it.
+    parents = dict.fromkeys([os.path.dirname(path) or ".", os.path.dirname(os.path.realpath(path))])
+    for parent in parents:
+        dst = os.stat(parent)
+        if dst.st_uid != trusted_uid or dst.st_mode & 0o002:
+            return (
+                f"refusing socket {path}: its directory {parent} is owned by uid {dst.st_uid} "
+                f"with mode {stat.S_IMODE(dst.st_mode):04o} (needs uid {trusted_uid}, "
+                "not world-writable)"
+            )
     return None
 
 

@@ -159,6 +159,9 @@ MALFORMED_STATUS = [
     pytest.param('{"cpuset": 3}', "cpu list string", id="cpuset-number"),
     pytest.param('{"cpuset": "3-1"}', "descending range", id="descending"),
     pytest.param('{"cpuset": "0-3,"}', "bad element", id="dangling-comma"),
+    # Four billion ids built on the event loop (minutes, gigabytes): refused at once.
+    pytest.param('{"cpuset": "0-4294967295"}', "beyond any cpu id", id="huge-range"),
+    pytest.param('{"cpuset": "1,65536"}', "65536 is beyond any cpu id", id="huge-id"),
     pytest.param('{"numaNodeResources": {"node": 0}}', "must be a list", id="numa-object"),
     pytest.param('{"numaNodeResources": [{"resources": {}}]}', "no NUMA node", id="numa-no-node"),
 ]
@@ -203,7 +206,10 @@ def test_quantities_as_apimachinery_reads_them(
     assert ceil_milli(parsed) == milli
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "1 Gi", "1GiB", "0x10", "1.2.3", "1e", "1Mi2"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "Gi", "1 Gi", "1GiB", "0x10", "1.2.3", "1e", "1Mi2", "1e61", "5E-61", "1e" + "9" * 9],
+)
 def test_what_is_no_quantity(text: str) -> None:
     with pytest.raises(ValueError, match="quantity"):
         parse_quantity(text)
@@ -295,6 +301,18 @@ MALFORMED_SPECS = [
         spec_text({"a": {"requests": {"kubernetes.io/batch-memory": True}}}),
         "is no quantity",
         id="boolean",
+    ),
+    # 10**999999999 as an exact fraction: hours on the event loop. Refused at once, as a JSON
+    # number (read as a Decimal) or as a string.
+    pytest.param(
+        '{"containers": {"a": {"limits": {"kubernetes.io/batch-cpu": 1e999999999}}}}',
+        "exponent beyond",
+        id="huge-exponent-number",
+    ),
+    pytest.param(
+        spec_text({"a": {"limits": {"other.io/ignored": "1e-999999999"}}}),
+        "exponent beyond",
+        id="huge-exponent-any-resource",
     ),
 ]
 

@@ -1,0 +1,77 @@
+"""ContainerUpdater: updates to containers removed while they were on their way.
+
+Found by the soak's endurance part (bench/soak_load.py): a Guaranteed container's exclusive CPU
+makes the cpuset hook update every shared container after CreateContainer succeeds; a shared
+container that kubelet removed meanwhile gets the update after `forget`, and its ordering
+record stayed for ever (one per such race: the Python objects grew with the calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from crihook.hooks.spec import ContainerUpdate, ResourceDelta
+from crihook.proxy.merge import PendingUpdate
+from crihook.proxy.outcome import RuntimeCallFailed, Status
+from crihook.proxy.store import Store
+from crihook.proxy.updates import ContainerUpdater
+from tests.unit.test_store import container, pod
+
+
+class Runtime:
+    """Answers UpdateContainerResources when `answer` is set; NOT_FOUND for `gone` ids."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.answer.set()
+        self.gone: set[str] = set()
+        self.sent: list[bytes] = []
+
+    def call(self, path: str) -> Callable[..., Awaitable[bytes]]:
+        async def update(request: bytes, timeout: float | None = None) -> bytes:
+            self.sent.append(request)
+            await self.answer.wait()
+            if any(cid.encode() in request for cid in self.gone):
+                raise RuntimeCallFailed(Status(grpc.StatusCode.NOT_FOUND, "not found"))
+            return b""
+
+        return update
+
+
+def pending(cid: str, seq: int) -> PendingUpdate:
+    return PendingUpdate("20-cpuset", ContainerUpdate(cid, ResourceDelta(cpuset_cpus="0-3")), seq)
+
+
+async def test_an_update_sent_after_the_removal_keeps_no_record(tmp_path: Path) -> None:
+    runtime, store = Runtime(), Store(tmp_path)
+    updater = ContainerUpdater(runtime, store)
+    runtime.gone.add("c1")  # removed (and forgotten) before the update was sent
+    sent = await updater.send([pending("c1", 1)], {})
+    assert [u.status.code for u in sent if u.status] == [grpc.StatusCode.NOT_FOUND]
+    assert updater._targets == {}  # private: the leak is there
+
+
+async def test_a_live_container_keeps_its_record_one_removed_meanwhile_does_not(
+    tmp_path: Path,
+) -> None:
+    runtime, store = Runtime(), Store(tmp_path)
+    store.put_pod(pod("p1"))
+    store.put_container(container("c1", "p1"))
+    store.put_container(container("c2", "p1"))
+    updater = ContainerUpdater(runtime, store)
+    runtime.answer.clear()
+    sending = asyncio.create_task(updater.send([pending("c1", 1), pending("c2", 1)], {}))
+    while len(runtime.sent) < 2:
+        await asyncio.sleep(0)
+    store.remove_container("c1")  # kubelet's RemoveContainer went through meanwhile
+    updater.forget("c1")
+    runtime.answer.set()
+    sent = await sending
+    assert sorted(u.container_id for u in sent) == ["c1", "c2"]
+    # c2 is still there: its ordering record stays, so an older update cannot overwrite.
+    assert list(updater._targets) == ["c2"]
+    assert await updater.send([pending("c2", 0)], {}) == []
