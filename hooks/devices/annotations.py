@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from crihook.hooks.spec.errors import cut, shown, shown_all
+
 __all__ = [
     "DEVICES",
     "ENV",
@@ -72,20 +74,6 @@ _POOL_NAME = _CONTAINER_NAME
 # Kubernetes' env var names (before its relaxed validation): letters, digits, `_`, `-`, `.`.
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _HOST_KEYS = frozenset({"type", "major", "minor", "uid", "gid", "file_mode"})
-
-
-def _show(value: object) -> str:
-    """A value as a message shows it: its repr, cut short."""
-    return _cut(repr(value))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
-
-
-def _show_all(values: list[str]) -> str:
-    shown = ", ".join(_show(v) for v in values[:5])
-    return shown + (f" and {len(values) - 5} more" if len(values) > 5 else "")
 
 
 class AnnotationError(ValueError):
@@ -156,7 +144,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise AnnotationError(f"{_show(key)} appears twice in one object")
+            raise AnnotationError(f"{shown(key)} appears twice in one object")
         out[key] = value
     return out
 
@@ -212,7 +200,7 @@ def _object(doc: Any, allowed: frozenset[str], entry: str) -> Mapping[str, Any]:
                 entry=entry,
             )
         raise AnnotationError(
-            f"unknown key(s) {_show_all(unknown)} (known: {', '.join(sorted(allowed))})",
+            f"unknown key(s) {shown_all(unknown)} (known: {', '.join(sorted(allowed))})",
             entry=entry,
         )
     return doc
@@ -223,14 +211,14 @@ def _path(what: str, value: Any, entry: str) -> str:
     if not isinstance(value, str):
         raise AnnotationError(f"{what} must be a string, not {_kind(value)}", entry=entry)
     if not value.startswith("/"):
-        raise AnnotationError(f"{what} {_show(value)} is not an absolute path", entry=entry)
+        raise AnnotationError(f"{what} {shown(value)} is not an absolute path", entry=entry)
     if "\0" in value:
-        raise AnnotationError(f"{what} {_show(value)} contains a NUL character", entry=entry)
+        raise AnnotationError(f"{what} {shown(value)} contains a NUL character", entry=entry)
     if len(value.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise AnnotationError(f"{what} is longer than {MAX_PATH_BYTES} bytes", entry=entry)
     if value == "/" or posixpath.normpath(value) != value or value.startswith("//"):
         raise AnnotationError(
-            f"{what} {_show(value)} is not a normalized path below / (no '.', '..', '//' or "
+            f"{what} {shown(value)} is not a normalized path below / (no '.', '..', '//' or "
             "'/' at the end)",
             entry=entry,
         )
@@ -259,11 +247,11 @@ def parse_device_annotation(value: object) -> tuple[DeviceAsk, ...]:
             or len(set(permissions)) != len(permissions)
         ):
             raise AnnotationError(
-                f"permissions {_show(permissions)} are not some of the letters r, w, m", entry=entry
+                f"permissions {shown(permissions)} are not some of the letters r, w, m", entry=entry
             )
         if container_path in seen:
             raise AnnotationError(
-                f"container_path {_show(container_path)} is given twice", entry=entry
+                f"container_path {shown(container_path)} is given twice", entry=entry
             )
         seen.add(container_path)
         out.append(DeviceAsk(path, container_path, permissions, entry))
@@ -279,7 +267,7 @@ def parse_mount_annotation(value: object) -> tuple[MountAsk, ...]:
         if len(doc) > MAX_ENTRIES:
             raise AnnotationError(f"{len(doc)} entries; at most {MAX_ENTRIES} are allowed")
         for host, target in doc.items():
-            entry = f"[{_cut(json.dumps(host))}]"
+            entry = f"[{cut(json.dumps(host))}]"
             host_path = _path("host path", host, entry)
             out.append(MountAsk(host_path, _path("container path", target, entry), True, entry))
     else:
@@ -294,14 +282,14 @@ def parse_mount_annotation(value: object) -> tuple[MountAsk, ...]:
             readonly = obj.get("readonly", True)
             if not isinstance(readonly, bool):
                 raise AnnotationError(
-                    f"readonly must be true or false, not {_show(readonly)}", entry=entry
+                    f"readonly must be true or false, not {shown(readonly)}", entry=entry
                 )
             out.append(MountAsk(host, target, readonly, entry))
     seen: set[str] = set()
     for mount in out:
         if mount.container_path in seen:
             raise AnnotationError(
-                f"container path {_show(mount.container_path)} is given twice", entry=mount.source
+                f"container path {shown(mount.container_path)} is given twice", entry=mount.source
             )
         seen.add(mount.container_path)
     return tuple(out)
@@ -317,7 +305,7 @@ def parse_env_annotation(value: object) -> tuple[EnvAsk, ...]:
         name = obj.get("name")
         if not isinstance(name, str) or len(name) > 256 or not _ENV_NAME.fullmatch(name):
             raise AnnotationError(
-                f"name {_show(name)} is not an environment variable name (letters, digits, '_', "
+                f"name {shown(name)} is not an environment variable name (letters, digits, '_', "
                 "'-', '.'; not starting with a digit)",
                 entry=entry,
             )
@@ -344,11 +332,11 @@ def parse_pool_annotation(value: object) -> Mapping[str, int]:
         raise AnnotationError(f"{len(doc)} pools; at most {MAX_ENTRIES} are allowed")
     out = {}
     for name, count in doc.items():
-        entry = f"[{_cut(json.dumps(name))}]"
+        entry = f"[{cut(json.dumps(name))}]"
         if not _POOL_NAME.fullmatch(name):
-            raise AnnotationError(f"{_show(name)} is not a pool name", entry=entry)
+            raise AnnotationError(f"{shown(name)} is not a pool name", entry=entry)
         if isinstance(count, bool) or not isinstance(count, int):
-            raise AnnotationError(f"count {_show(count)} is not a whole number", entry=entry)
+            raise AnnotationError(f"count {shown(count)} is not a whole number", entry=entry)
         if not 0 <= count <= MAX_POOL_COUNT:
             raise AnnotationError(f"count {count} is not in 0..{MAX_POOL_COUNT}", entry=entry)
         out[name] = count
@@ -372,7 +360,7 @@ def container_ask(annotations: Mapping[str, str], container: str) -> ContainerAs
         elif scope.startswith("container."):
             name = scope[len("container.") :]
             if not _CONTAINER_NAME.fullmatch(name):
-                raise AnnotationError(f"{_show(name)} is not a container name", key=key)
+                raise AnnotationError(f"{shown(name)} is not a container name", key=key)
             if name == container:
                 own[kind] = key
         else:

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from crihook.hooks.spec.errors import shown, shown_all
+
 __all__ = [
     "MAX_LINKS",
     "NETDEVS",
@@ -41,20 +43,6 @@ MODES = {"macvlan": ("bridge", "private", "vepa", "passthru"), "ipvlan": ("l2", 
 _KEYS = frozenset({"name", "interface", "type", "parent", "mode", "addresses", "mtu"})
 # The kernel's dev_valid_name: 1..15 bytes, not "." or "..", no '/', ':' or whitespace.
 _IFNAME = re.compile(r"[!-~]{1,15}")
-
-
-def _show(value: object) -> str:
-    """A value as a message shows it: its repr, cut short."""
-    return _cut(repr(value))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
-
-
-def _show_all(values: list[str]) -> str:
-    shown = ", ".join(_show(v) for v in values[:5])
-    return shown + (f" and {len(values) - 5} more" if len(values) > 5 else "")
 
 
 class AnnotationError(ValueError):
@@ -123,7 +111,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise AnnotationError(f"{_show(key)} appears twice in one object")
+            raise AnnotationError(f"{shown(key)} appears twice in one object")
         out[key] = value
     return out
 
@@ -176,13 +164,13 @@ def _link(item: Any, entry: str) -> LinkAsk:
     unknown = sorted(set(item) - _KEYS)
     if unknown:
         raise AnnotationError(
-            f"unknown key(s) {_show_all(unknown)} (known: {', '.join(sorted(_KEYS))})",
+            f"unknown key(s) {shown_all(unknown)} (known: {', '.join(sorted(_KEYS))})",
             entry,
         )
     name = item.get("name")
     if not valid_ifname(name) or name == "lo":
         raise AnnotationError(
-            f"name {_show(name)} is not an interface name (1-15 visible characters, no '/' or ':', "
+            f"name {shown(name)} is not an interface name (1-15 visible characters, no '/' or ':', "
             "not lo)",
             entry,
         )
@@ -199,7 +187,7 @@ def _link(item: Any, entry: str) -> LinkAsk:
         asked = item.get("type")
         if not isinstance(asked, str) or asked not in MODES:
             raise AnnotationError(
-                f"type {_show(asked)}: give interface (a host interface to move in) or type "
+                f"type {shown(asked)}: give interface (a host interface to move in) or type "
                 "macvlan or ipvlan with a parent",
                 entry,
             )
@@ -208,11 +196,11 @@ def _link(item: Any, entry: str) -> LinkAsk:
         mode = item.get("mode", MODES[kind][0])
         if mode not in MODES[kind]:
             raise AnnotationError(
-                f"mode {_show(mode)} is not a {kind} mode ({', '.join(MODES[kind])})", entry
+                f"mode {shown(mode)} is not a {kind} mode ({', '.join(MODES[kind])})", entry
             )
         what = "parent"
     if not valid_ifname(host) or host == "lo":
-        raise AnnotationError(f"{what} {_show(host)} is not a host interface name", entry)
+        raise AnnotationError(f"{what} {shown(host)} is not a host interface name", entry)
     assert isinstance(host, str)
     addresses = item.get("addresses", [])
     if not isinstance(addresses, list) or len(addresses) > MAX_ADDRESSES:
@@ -221,13 +209,13 @@ def _link(item: Any, entry: str) -> LinkAsk:
     for address in addresses:
         if not isinstance(address, str) or "/" not in address:
             raise AnnotationError(
-                f"address {_show(address)} is not an address with its prefix (10.0.0.5/24)", entry
+                f"address {shown(address)} is not an address with its prefix (10.0.0.5/24)", entry
             )
         try:
             normalized.append(str(ipaddress.ip_interface(address)))
         except ValueError:
             raise AnnotationError(
-                f"address {_show(address)} is not an IPv4 or IPv6 address with its prefix length",
+                f"address {shown(address)} is not an IPv4 or IPv6 address with its prefix length",
                 entry,
             ) from None
     if len(set(normalized)) != len(normalized):
@@ -236,5 +224,5 @@ def _link(item: Any, entry: str) -> LinkAsk:
     if mtu is not None and (
         isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535
     ):
-        raise AnnotationError(f"mtu {_show(mtu)} is not a whole number in 68..65535", entry)
+        raise AnnotationError(f"mtu {shown(mtu)} is not a whole number in 68..65535", entry)
     return LinkAsk(name, kind, host, mode, tuple(normalized), mtu, entry)
