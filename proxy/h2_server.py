@@ -53,6 +53,7 @@ from crihook.api.h2.grpc_wire import (
     headers_from_metadata,
     metadata_from_headers,
     parse_timeout,
+    status_from_header,
 )
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
@@ -674,13 +675,9 @@ class H2Server:
             await self._server.wait_closed()
 
 
-_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-
-
 def _trailer_status(headers: list[Header]) -> tuple[str, str]:
-    """The status name and origin the runtime's trailers (or trailers-only answer) carry."""
-    for name, value in headers:
-        if name == "grpc-status":
-            code = _CODE_NAMES.get(int(value), "UNKNOWN") if value.isdigit() else "UNKNOWN"
-            return code, "" if code == "OK" else "runtime"
-    return "UNKNOWN", "runtime"  # no grpc-status: grpc clients call that UNKNOWN
+    """The status name and origin the runtime's trailers (or trailers-only answer) carry
+    (no `grpc-status`, or one grpc does not know: UNKNOWN, as grpc clients read it)."""
+    value = next((v for name, v in headers if name == "grpc-status"), None)
+    code = status_from_header(value).name
+    return code, "" if code == "OK" else "runtime"
