@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from crihook.api.cri.v1 import api_pb2_grpc
-from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.node import parse_cpu_list
 from tests.integration.test_resource_hooks_fixtures import Node
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import short_tmpdir, wait_for
+from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
-from tests.lab.memory_runtime import MemoryRuntime
-from tests.lab.sysfs import DUAL_SOCKET_SMT2_4NUMA, GIB, write_sysfs
+from tests.lab.sysfs import DUAL_SOCKET_SMT2_4NUMA, GIB
 
 
 @pytest.fixture
@@ -27,7 +25,6 @@ def gpu_node() -> Iterator[Node]:
     """4 NUMA nodes of 20 CPUs; a pool `gpu` of one device per NUMA node (ids 0-3);
     single-numa-node policy."""
     workdir = short_tmpdir("dn-")
-    root = write_sysfs(workdir / "sys", DUAL_SOCKET_SMT2_4NUMA)
     dev = workdir / "dev"
     dev.mkdir()
     for i in range(4):
@@ -38,24 +35,9 @@ def gpu_node() -> Iterator[Node]:
         f'[hooks.devices]\nnamespaces = ["default"]\n'
         f'[hooks.devices.pools.gpu]\nenv = "GPU_VISIBLE_DEVICES"\ndevices = [{gpus}]\n'
     )
-    runtime = MemoryRuntime(workdir / "rt.sock").start()
-    proc = CrihookProcess(
-        runtime.endpoint,
-        workdir=workdir,
-        config=config,
-        hooks="cpuset,numa,devices",
-        args=["--sysfs-root", str(root)],
-    )
-    try:
-        proc.start()
-        with grpc.insecure_channel(proc.endpoint) as channel:
-            yield Node(
-                Topology.from_sysfs(root), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
-            )
-    finally:
-        proc.kill()
-        runtime.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    hooks = "cpuset,numa,devices"
+    with crihook_on_fixture(workdir, DUAL_SOCKET_SMT2_4NUMA, config=config, hooks=hooks) as m:
+        yield Node(m.topology, m.runtime, m.proc, m.stub)
 
 
 def gpu_pod(node: Node, name: str, gpus: int, cpus: int | None = None) -> str:

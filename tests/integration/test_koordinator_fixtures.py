@@ -14,7 +14,6 @@ CPUs 0-11 and 24-35 (NUMA node 0), socket 1 holds 12-23 and 36-47.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +25,10 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
-from tests.lab.sysfs import GIB, MachineSpec, write_sysfs
+from tests.lab.sysfs import GIB, MachineSpec
 
 MACHINE_48 = MachineSpec(
     sockets=2, cores_per_socket=12, threads_per_core=2, memory_per_numa=64 * GIB
@@ -114,25 +114,8 @@ class Node:
 @pytest.fixture
 def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     hooks, config = request.param
-    workdir = short_tmpdir("kf-")
-    root = write_sysfs(workdir / "sys", MACHINE_48)
-    runtime = MemoryRuntime(workdir / "rt.sock").start()
-    proc = CrihookProcess(
-        runtime.endpoint,
-        workdir=workdir,
-        config=config,
-        hooks=hooks,
-        args=["--sysfs-root", str(root)],
-    )
-    try:
-        proc.start()
-        with grpc.insecure_channel(proc.endpoint) as channel:
-            stub = api_pb2_grpc.RuntimeServiceStub(channel)
-            yield Node(Topology.from_sysfs(root), runtime, proc, stub, "cpuset," in hooks)
-    finally:
-        proc.kill()
-        runtime.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with crihook_on_fixture(short_tmpdir("kf-"), MACHINE_48, config=config, hooks=hooks) as m:
+        yield Node(m.topology, m.runtime, m.proc, m.stub, "cpuset," in hooks)
 
 
 MODES = [

@@ -23,12 +23,13 @@ from tests.integration.test_resource_hooks_fixtures import Node
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import DATA_PATHS, CrihookProcess, short_tmpdir
 from tests.lab.fake_runtime import FakeRuntime, Reply
+from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, burstable_pod
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.metrics_scrape import Samples, bound_address, http_get, scrape, value
-from tests.lab.sysfs import DUAL_SOCKET_SMT2_2NUMA, GIB, write_sysfs
+from tests.lab.sysfs import DUAL_SOCKET_SMT2_2NUMA, GIB
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"
@@ -307,26 +308,12 @@ def pool_node() -> Iterator[tuple[Node, str]]:
     """cpuset, numa, oom on a 2-NUMA-node fixture machine, in front of the memory runtime,
     metrics on a unix socket."""
     workdir = short_tmpdir("mp-")
-    root = write_sysfs(workdir / "sys", DUAL_SOCKET_SMT2_2NUMA)
-    runtime = MemoryRuntime(workdir / "rt.sock").start()
     address = f"unix://{workdir}/metrics.sock"
-    proc = CrihookProcess(
-        runtime.endpoint,
-        workdir=workdir,
-        hooks="cpuset,numa,oom",
-        args=["--sysfs-root", str(root), "--metrics-listen", address, "--log-level", "info"],
-    )
-    try:
-        proc.start()
-        with grpc.insecure_channel(proc.endpoint) as channel:
-            node = Node(
-                Topology.from_sysfs(root), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
-            )
-            yield node, address
-    finally:
-        proc.kill()
-        runtime.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    args = ["--metrics-listen", address, "--log-level", "info"]
+    with crihook_on_fixture(
+        workdir, DUAL_SOCKET_SMT2_2NUMA, hooks="cpuset,numa,oom", args=args
+    ) as m:
+        yield Node(m.topology, m.runtime, m.proc, m.stub), address
 
 
 def _churn(node: Node, prefix: str, count: int) -> list[str]:

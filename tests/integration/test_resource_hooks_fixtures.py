@@ -10,7 +10,6 @@ tests/unit/test_cpuset_picker.py.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.sysfs import (
@@ -34,7 +34,6 @@ from tests.lab.sysfs import (
     GIB,
     OFFLINE_CPUS,
     MachineSpec,
-    write_sysfs,
 )
 
 MIB = 1 << 20
@@ -98,26 +97,8 @@ class Node:
 def fixture_node(request: pytest.FixtureRequest) -> Iterator[Node]:
     """Parametrized with (MachineSpec, config TOML, hooks)."""
     spec, config, hooks = request.param
-    workdir = short_tmpdir("rh-")
-    root = write_sysfs(workdir / "sys", spec)
-    runtime = MemoryRuntime(workdir / "rt.sock").start()
-    proc = CrihookProcess(
-        runtime.endpoint,
-        workdir=workdir,
-        config=config,
-        hooks=hooks,
-        args=["--sysfs-root", str(root)],
-    )
-    try:
-        proc.start()
-        with grpc.insecure_channel(proc.endpoint) as channel:
-            yield Node(
-                Topology.from_sysfs(root), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
-            )
-    finally:
-        proc.kill()
-        runtime.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with crihook_on_fixture(short_tmpdir("rh-"), spec, config=config, hooks=hooks) as m:
+        yield Node(m.topology, m.runtime, m.proc, m.stub)
 
 
 def machine(
