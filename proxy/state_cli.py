@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE
+from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE, apply_journal, read_journal
 
 __all__ = ["STALE_SECONDS", "liveness", "load_state", "render_state", "show_state"]
 
@@ -22,7 +22,12 @@ def _read(path: Path) -> Any:
 
 def load_state(state_dir: Path) -> dict[str, Any]:
     store = _read(state_dir / STORE_FILE) or {"pods": {}, "containers": {}}
-    hooks = {p.stem: _read(p) for p in sorted((state_dir / HOOKS_DIR).glob("*.json"))}
+    hooks_dir = state_dir / HOOKS_DIR
+    # What calls wrote ahead since crihook's last checkpoint (a fraction of a second ago, or
+    # before it stopped) is in the journal; read first (read_journal says why).
+    journal = read_journal(hooks_dir)
+    hooks = {p.stem: _read(p) for p in sorted(hooks_dir.glob("*.json"))}
+    apply_journal(journal, hooks)
     return {
         "status": _read(state_dir / STATUS_FILE),
         "pods": store.get("pods", {}),

@@ -132,14 +132,8 @@ def hook_state(
     proc: CrihookProcess, name: str, what: str, ok: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
     """The hook's state file once `ok` holds (post-stage changes are written behind)."""
-    path = proc.state_dir / "hooks" / f"{name}.json"
-
-    def read() -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-        return doc
-
-    wait_for(lambda: ok(read()), 5, f"{name}'s state: {what}")
-    return read()
+    wait_for(lambda: ok(proc.hook_state(name)), 5, f"{name}'s state: {what}")
+    return proc.hook_state(name)
 
 
 def app(name: str = "app") -> ContainerSpec:
@@ -246,10 +240,7 @@ def test_a_forbidden_request_is_refused_and_nothing_is_created(
         ).containers
         assert list(listed) == []
     # Nothing reserved: the pool's state has no holding.
-    state = proc.state_dir / "hooks" / "devices.json"
-    assert not state.exists() or not [
-        k for k in json.loads(state.read_text()) if k.startswith("a:")
-    ]
+    assert not [k for k in proc.hook_state("devices") if k.startswith("a:")]
 
 
 def test_pooled_devices_are_exclusive_freed_on_removal_and_survive_a_restart(

@@ -102,13 +102,8 @@ class Node:
         """The CPU ledger on disk once `until` holds for it: reservations are written ahead,
         what post stages change (a container's CPUs given back) behind the answer."""
         name = "cpuset" if self.alongside else "koordinator"
-        path = self.proc.state_dir / "hooks" / f"{name}.json"
-
-        def read() -> dict[str, Any]:
-            return json.loads(path.read_text()) if path.exists() else {}  # type: ignore[no-any-return]
-
-        wait_for(lambda: until(read()), 5, f"{name}'s state written")
-        return read()
+        wait_for(lambda: until(self.proc.hook_state(name)), 5, f"{name}'s state written")
+        return self.proc.hook_state(name)
 
 
 @pytest.fixture

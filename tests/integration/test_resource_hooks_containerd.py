@@ -11,7 +11,6 @@ applied as asked, and the pods here are Burstable where a score is checked.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -132,20 +131,17 @@ def oom_score_adj(pid: int) -> int:
 def hook_state(proc: CrihookProcess, name: str) -> dict[str, Any]:
     """A hook's state file once crihook wrote what it has: reservations are written ahead,
     their confirmations behind (a fraction of a second later)."""
-    path = proc.state_dir / "hooks" / f"{name}.json"
 
     def settled() -> bool:
-        doc = json.loads(path.read_text()) if path.exists() else {}
+        doc = proc.hook_state(name)
         return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
 
     wait_for(settled, 5, f"{name}'s state written")
-    return json.loads(path.read_text())  # type: ignore[no-any-return]
+    return proc.hook_state(name)
 
 
 def raw_hook_state(proc: CrihookProcess, name: str) -> dict[str, Any]:
-    path = proc.state_dir / "hooks" / f"{name}.json"
-    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    return doc
+    return proc.hook_state(name)
 
 
 def state_when(

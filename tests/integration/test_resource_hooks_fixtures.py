@@ -83,14 +83,13 @@ class Node:
     def hook_state(self, name: str) -> dict[str, Any]:
         """A hook's state as written to disk, once crihook wrote what it had: reservations are
         written ahead, their confirmations behind (a fraction of a second later)."""
-        path = self.proc.state_dir / "hooks" / f"{name}.json"
 
         def settled() -> bool:
-            doc = json.loads(path.read_text()) if path.exists() else {}
+            doc = self.proc.hook_state(name)
             return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
 
         wait_for(settled, 5, f"{name}'s state written")
-        return json.loads(path.read_text()) if path.exists() else {}
+        return self.proc.hook_state(name)
 
 
 @pytest.fixture
@@ -344,12 +343,7 @@ def test_a_call_with_an_unknown_outcome_keeps_its_cpus_until_the_runtime_says(
     with pytest.raises(grpc.RpcError):
         node.create(spec2, sandbox2, app)
     wait_for(
-        lambda: (
-            not any(
-                k.startswith("r:")
-                for k in json.loads((node.proc.state_dir / "hooks" / "cpuset.json").read_text())
-            )
-        ),
+        lambda: not any(k.startswith("r:") for k in node.proc.hook_state("cpuset")),
         10,
         "the lost reservation released",
     )
@@ -488,10 +482,9 @@ def test_a_sandbox_refused_after_the_runtime_made_it_is_undone(fixture_node: Nod
     assert "cannot set up the network of pod broken" in info.value.details()
     assert [p.config.metadata.name for p in node.runtime.pods.values()] == ["fine"]
     assert len(node.runtime.calls("RemovePodSandbox")) == 1
-    path = node.proc.state_dir / "hooks" / "refuse.json"
 
     def released() -> bool:  # the release is written behind
-        return len(json.loads(path.read_text())["held"]) == 1  # only the pod that runs
+        return len(node.proc.hook_state("refuse")["held"]) == 1  # only the pod that runs
 
     wait_for(released, 5, "the refused pod's reservation released")
-    assert "cannot set up the network" in json.loads(path.read_text())["told"][0]
+    assert "cannot set up the network" in node.proc.hook_state("refuse")["told"][0]

@@ -11,8 +11,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
+
+from crihook.proxy.state_cli import load_state
 
 __all__ = [
     "DATA_PATHS",
@@ -181,6 +184,12 @@ class CrihookProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"crihook did not stop within {timeout}s:\n{self.log()}") from None
+
+    def hook_state(self, name: str) -> dict[str, Any]:
+        """A hook's state as crihook persisted it so far: its state file with the journal
+        lines written ahead since the last checkpoint (what `crihook state` shows)."""
+        doc = load_state(self.state_dir)["hook_states"].get(name)
+        return doc if isinstance(doc, dict) else {}
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -26,7 +26,7 @@ from crihook.proxy import store as store_module
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.errors import CrihookError, StateWriteError
 from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.state_cli import render_state
+from crihook.proxy.state_cli import load_state, render_state
 from crihook.proxy.store import (
     STORE_FILE,
     WRITE_BEHIND_SECONDS,
@@ -309,6 +309,19 @@ def count_writes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return writes
 
 
+def count_appends(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The lines written ahead to the hook journal."""
+    lines: list[bytes] = []
+    real = store_module.append_line
+
+    def counting(path: Path, data: bytes) -> None:
+        lines.append(data)
+        real(path, data)
+
+    monkeypatch.setattr(store_module, "append_line", counting)
+    return lines
+
+
 async def wait_for_file(path: Path) -> None:
     for _ in range(500):
         if path.exists():
@@ -496,7 +509,7 @@ async def test_write_ahead_on_a_full_disk_is_resource_exhausted_and_keeps_the_st
         assert store.hook_states_dirty
         assert disk.files() == ["hooks"]
         assert store.degraded == (
-            f"cannot write {disk.path}/hooks/pin.json: [Errno 28] No space left on device"
+            f"cannot write {disk.path}/hooks/journal-1.jsonl: [Errno 28] No space left on device"
         )
         assert store.write_failures >= 1
         # Space comes back: the background writer puts it on disk without another call.
@@ -531,7 +544,7 @@ async def test_a_failed_write_ahead_fails_only_calls_whose_own_changes_are_not_o
     disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = loaded(disk.path)
-    writes = count_writes(store, monkeypatch)
+    writes = count_appends(monkeypatch)
     try:
         b = await change(store, "pin", "b", 1)  # call B changed state first, then waits
         a = await change(store, "pin", "a", 2)
@@ -574,15 +587,17 @@ async def test_write_ahead_without_hook_changes_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = loaded(tmp_path)
+    appends = count_appends(monkeypatch)
     writes = count_writes(store, monkeypatch)
     store.put_pod(pod("sb1"))  # a record: written behind, never ahead
     await store.write_ahead(0)
-    assert writes == []
+    assert appends == []
     mine = await change(store, "pin", "k", 1)
     await store.write_ahead(mine)
-    assert len(writes) == 1
+    assert appends == [b'{"pin":{"set":{"k":1}}}\n']  # the changed key, not the whole state
+    assert writes == []  # the state files follow at the checkpoint, behind
     await store.write_ahead(mine)  # already on disk
-    assert len(writes) == 1
+    assert len(appends) == 1
     assert not (tmp_path / STORE_FILE).exists()  # only the hook state went ahead
     assert loaded(tmp_path).hook_states() == {"pin": {"k": 1}}
     await store.close()
@@ -951,3 +966,96 @@ async def test_reconcile_pod_raises_when_the_runtime_fails(
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert store.pods == {}
     await store.close()
+
+
+# --- the hook journal ------------------------------------------------------------------------
+
+
+def journal(state_dir: Path) -> list[str]:
+    return sorted(p.name for p in (state_dir / "hooks").glob("journal-*"))
+
+
+def crash(store: Store) -> None:
+    """The process dies: the checkpoint it scheduled never runs."""
+    store._closing = True
+    if store._timer is not None:
+        store._timer.cancel()
+        store._timer = None
+
+
+async def test_what_was_written_ahead_survives_a_crash_before_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    store = loaded(tmp_path)
+    store.hook_state("pin").set("old", 1)
+    await store.flush()  # a checkpoint: the state file has it, no journal is left
+    assert journal(tmp_path) == []
+    await store.write_ahead(await change(store, "pin", "new", [2, 3]))
+    await store.write_ahead(await change(store, "pin", "old", None))
+    with store.track_changes() as gone:
+        store.hook_state("pin").delete("new")
+        store.hook_state("other").set("x", {"a": 1})
+    await store.write_ahead(gone.last)
+    assert journal(tmp_path) == ["journal-2.jsonl"]
+    crash(store)  # the state file is a checkpoint behind
+    assert json.loads((tmp_path / "hooks" / "pin.json").read_text()) == {"old": 1}
+    assert store_module.journal_files(tmp_path / "hooks")[0][0] == 2
+    again = loaded(tmp_path)
+    assert again.hook_states() == {"pin": {"old": None}, "other": {"x": {"a": 1}}}
+    assert load_state(tmp_path)["hook_states"] == again.hook_states()  # `crihook state`
+    # Its first checkpoint puts them into the state files and drops the journal.
+    await again.flush()
+    assert journal(tmp_path) == []
+    assert json.loads((tmp_path / "hooks" / "other.json").read_text()) == {"x": {"a": 1}}
+    assert loaded(tmp_path).hook_states() == again.hook_states()
+    await again.close()
+
+
+async def test_a_torn_last_line_is_skipped_and_the_lines_before_it_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = loaded(tmp_path)
+    await store.write_ahead(await change(store, "pin", "a", 1))
+    await store.write_ahead(await change(store, "pin", "b", 2))
+    path = tmp_path / "hooks" / "journal-1.jsonl"
+    whole = path.read_bytes()
+    crash(store)
+    path.write_bytes(whole[:-5])  # the crash came in the middle of the second line
+    assert loaded(tmp_path).hook_states() == {"pin": {"a": 1}}
+    assert any("journal-1.jsonl line 2 is unreadable" in m for _, m in store_log(caplog))
+
+
+async def test_an_old_journal_left_by_a_crash_mid_checkpoint_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = loaded(tmp_path)
+    await store.write_ahead(await change(store, "pin", "k", "pre stage"))
+    store.hook_state("pin").set("k", "post stage")  # after the runtime answered: behind
+    real_unlink = Path.unlink
+
+    def crash_before_unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name.startswith("journal-"):
+            raise OSError(errno.EIO, "Input/output error")  # the journal outlives the write
+        real_unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", crash_before_unlink)
+    await store.flush()
+    monkeypatch.undo()
+    assert journal(tmp_path) == ["journal-1.jsonl"]
+    # The journal got the post-stage value before the checkpoint: replaying it is harmless.
+    assert loaded(tmp_path).hook_states() == {"pin": {"k": "post stage"}}
+    await store.close()
+    assert journal(tmp_path) == ["journal-1.jsonl"]  # nothing changed since: no checkpoint
+
+
+def test_a_short_write_on_a_full_disk_leaves_no_torn_line(disk: SmallDisk) -> None:
+    path = disk.path / "journal-1.jsonl"
+    store_module.append_line(path, b'{"pin":{"set":{"a":1}}}\n')
+    disk.fill()  # the file's page still has room: the next write is cut short
+    with pytest.raises(OSError) as info:
+        store_module.append_line(path, b"x" * 20000 + b"\n")
+    assert info.value.errno == errno.ENOSPC
+    assert path.read_bytes() == b'{"pin":{"set":{"a":1}}}\n'
+    with pytest.raises(OSError):
+        store_module.append_line(disk.path / "journal-2.jsonl", b"y\n")
+    assert not (disk.path / "journal-2.jsonl").exists()  # no empty file left either
