@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc.aio
 
-from crihook.hooks.node import DeviceNode, Host, HostFiles
+from crihook.hooks.node import DeviceNode, Host, HostFiles, WouldBlock
 from crihook.hooks.spec import ContainerState, RuntimeQueries
 
 __all__ = [
@@ -83,6 +83,8 @@ def _note(seam: str, op: str, args: list[Any], call: Callable[[], _T], render: A
         return call()
     try:
         result = call()
+    except WouldBlock:
+        raise  # not an answer: the hook asks again from a thread, and that one is noted
     except Exception as exc:
         observed.append(Observation(seam, op, args, None, error_doc(exc)))
         raise
@@ -158,6 +160,9 @@ class ObservedFiles:
 
     def device(self, path: str) -> DeviceNode | None:
         return _note("files", "device", [path], lambda: self.files.device(path), _device)
+
+    def nonblocking(self) -> HostFiles:
+        return ObservedFiles(self.files.nonblocking())
 
 
 class ObservedQueries:

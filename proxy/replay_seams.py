@@ -206,6 +206,9 @@ class RecordedNode:
             raise FileNotFoundError(errno.ENOENT, not_recorded(path))
         return str(answer)
 
+    def nonblocking(self) -> RecordedNode:
+        return self  # answers from the recording never wait
+
     def device(self, path: str) -> DeviceNode | None:
         answer = self._ask("files", "device", [path])
         if answer is _MISSING:

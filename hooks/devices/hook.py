@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, container_ask
-from crihook.hooks.devices.host import HostFiles, LinuxFiles
+from crihook.hooks.devices.host import HostFiles, LinuxFiles, WouldBlock
 from crihook.hooks.devices.policy import (
     DevicePolicy,
     Pool,
@@ -176,10 +176,14 @@ class DevicesHook(Hook):
             raise InvalidRequest(str(exc)) from None
         if not ask:
             return None
-        # realpath and lstat of host paths: a mount may sit on a network file system
-        granted = await asyncio.to_thread(
-            check_ask, self.policy, ctx.pod.namespace, ask, self.files, self._pooled
-        )
+        try:  # on the loop while the lookups stay on local file systems: no thread hop
+            granted = check_ask(
+                self.policy, ctx.pod.namespace, ask, self.files.nonblocking(), self._pooled
+            )
+        except WouldBlock:  # a host path leads to a network file system: it may hang
+            granted = await asyncio.to_thread(
+                check_ask, self.policy, ctx.pod.namespace, ask, self.files, self._pooled
+            )
         adjustment = Adjustment()
         for device, host_path in granted.devices:
             adjustment.add_device(device.container_path, host_path, device.permissions)

@@ -3,6 +3,6 @@
 can hand them recorded answers); re-exported here for the hook's own modules and tests.
 """
 
-from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles
+from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles, WouldBlock
 
-__all__ = ["DeviceNode", "HostFiles", "LinuxFiles"]
+__all__ = ["DeviceNode", "HostFiles", "LinuxFiles", "WouldBlock"]

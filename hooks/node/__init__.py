@@ -5,7 +5,7 @@ processes behind the :class:`Host` seam and its files behind the :class:`HostFil
 """
 
 from crihook.hooks.node.cpulist import format_cpu_list, parse_cpu_list
-from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles
+from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles, WouldBlock
 from crihook.hooks.node.host import Host, LinuxHost, cgroup_version, expand_slice
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
@@ -19,6 +19,7 @@ __all__ = [
     "NUMAMemory",
     "Topology",
     "TopologyError",
+    "WouldBlock",
     "cgroup_version",
     "expand_slice",
     "format_cpu_list",

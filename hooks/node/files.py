@@ -14,7 +14,9 @@ import stat
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["DeviceNode", "HostFiles", "LinuxFiles"]
+from crihook.hooks.node.mounts import MountTable, WouldBlock, resolve_locally
+
+__all__ = ["DeviceNode", "HostFiles", "LinuxFiles", "LocalFiles", "WouldBlock"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +43,57 @@ class HostFiles(Protocol):
         it is something else. FileNotFoundError when nothing is there."""
         ...
 
+    def nonblocking(self) -> HostFiles:
+        """The same answers, for calls on the event loop: where a lookup would reach a file
+        system that can block (network, FUSE, automount) it raises WouldBlock instead, and
+        the caller asks again from a worker thread. Seams that never block return
+        themselves."""
+        ...
+
 
 class LinuxFiles:
-    """The real host. Device paths live on devtmpfs and local filesystems: both calls are
-    a few microseconds and are made on the event loop."""
+    """The real host. `resolve` and `device` look wherever a path leads: off the event loop
+    unless the path is known to be local (device nodes on devtmpfs); `nonblocking()` checks
+    the mount table before each lookup (`crihook.hooks.node.mounts`)."""
+
+    def __init__(self, mounts: MountTable | None = None) -> None:
+        self._mounts = mounts
 
     def resolve(self, path: str) -> str:
         return os.path.realpath(path, strict=True)
 
     def device(self, path: str) -> DeviceNode | None:
-        st = os.lstat(path)
-        if stat.S_ISCHR(st.st_mode):
-            return DeviceNode("c", os.major(st.st_rdev), os.minor(st.st_rdev))
-        if stat.S_ISBLK(st.st_mode):
-            return DeviceNode("b", os.major(st.st_rdev), os.minor(st.st_rdev))
-        return None
+        return _device_node(path)
+
+    def nonblocking(self) -> HostFiles:
+        if self._mounts is None:
+            self._mounts = MountTable()  # opened at the first use, kept for the process
+        return LocalFiles(self._mounts)
+
+
+class LocalFiles:
+    """`LinuxFiles.nonblocking()`: lookups on local file systems only."""
+
+    def __init__(self, mounts: MountTable) -> None:
+        self._mounts = mounts
+
+    def resolve(self, path: str) -> str:
+        return resolve_locally(path, self._mounts)
+
+    def device(self, path: str) -> DeviceNode | None:
+        fstype = self._mounts.blocking_type(path)
+        if fstype is not None:
+            raise WouldBlock(f"looking up {path} reaches a {fstype} file system")
+        return _device_node(path)
+
+    def nonblocking(self) -> HostFiles:
+        return self
+
+
+def _device_node(path: str) -> DeviceNode | None:
+    st = os.lstat(path)
+    if stat.S_ISCHR(st.st_mode):
+        return DeviceNode("c", os.major(st.st_rdev), os.minor(st.st_rdev))
+    if stat.S_ISBLK(st.st_mode):
+        return DeviceNode("b", os.major(st.st_rdev), os.minor(st.st_rdev))
+    return None

@@ -62,6 +62,9 @@ class FakeFiles:
     def _is_dir(self, path: str) -> bool:
         return any(n.startswith(path + "/") for n in (*self.nodes, *self.links))
 
+    def nonblocking(self) -> FakeFiles:
+        return self  # in memory: never waits
+
     def device(self, path: str) -> DeviceNode | None:
         self.asked.append(("device", path))
         if path in self.links:
