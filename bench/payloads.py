@@ -58,10 +58,15 @@ LOAD_LABEL = "bench.crihook.io/load"
 # What the bench pod asks of the `devices` hook (ignored without it), for each of its
 # containers: a device node, a read-only host mount and one device of the pool `gpu`
 # (DEVICES_CONFIG). Pod-wide: every CreateContainer of the bench is a new container of the pod.
+# The pod says it has no init containers (crihook.io/init-containers, empty), as a pod with
+# pooled devices should: otherwise each create finds the container before it holding devices
+# of unknown kind, and the hook asks the runtime whether it exited (a ListContainers round
+# trip) before it may reuse them.
 DEVICE_ANNOTATIONS = {
     "devices.crihook.io/pod": '[{"path": "/dev/null", "container_path": "/dev/bench-null"}]',
     "mounts.crihook.io/pod": '{"/usr/share": "/bench-share"}',
     "pools.crihook.io/pod": '{"gpu": 1}',
+    "crihook.io/init-containers": "",
 }
 DEVICES_CONFIG = (
     "[hooks.devices]\n"
