@@ -56,6 +56,7 @@ import grpc.aio
 from google.protobuf import json_format
 
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerView, PodView
 from crihook.hooks.spec.views import (
     container_state,
@@ -333,6 +334,11 @@ class Store:
         self._hook_changes = 0
         self._journaled = 0
         self._write_lock = asyncio.Lock()
+        self._journal_lock = asyncio.Lock()
+        """Orders journal lines: each holds values newer than the line before it."""
+        self.journal_in_thread = False
+        """Journal lines are written from a worker thread: the state directory is on a file
+        system that can block (network, FUSE); found at load()."""
         self.status_provider: Callable[[], dict[str, Any]] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -489,13 +495,26 @@ class Store:
         # then deletes the journal files read here.
         self._dirty_hooks |= replayed
         self._journal_gen = last + 1
+        mounts = MountTable()
+        try:
+            blocking = mounts.blocking_type(str(self.state_dir.resolve()))
+        finally:
+            mounts.close()
+        self.journal_in_thread = blocking is not None
+        if blocking is not None:
+            log.info(
+                "the state directory %s is on a %s file system: hook journal lines are written "
+                "from a worker thread",
+                self.state_dir,
+                blocking,
+            )
 
     # --- persistence -------------------------------------------------------------------------
     async def write_ahead(self, through: int) -> None:
         """Journal every hook state change not journaled yet, unless the disk has every
         change up to `through` already (a call's own last change: `track_changes`); before
-        the call that made them is forwarded. On the event loop: no await between a pre
-        stage's change and its line, and none a checkpoint could slip into.
+        the call that made them is forwarded. On the event loop when the state directory is
+        on a local file system (a page-cache append), else from a worker thread.
 
         Raises StateWriteError (RESOURCE_EXHAUSTED when the disk or quota is full, UNAVAILABLE
         otherwise) when the write fails: the state stays in memory, still marked changed, and
@@ -503,12 +522,15 @@ class Store:
         so one failed write fails no call that keeps nothing."""
         if self._journaled >= through:
             return  # an earlier line or checkpoint took this call's changes along
-        try:
-            self._append_journal()
-        except _WriteFailed as exc:
-            self._failed(exc)
-            self.write_behind()
-            raise StateWriteError(self.state_dir, exc.error) from exc.error
+        async with self._journal_lock:
+            if self._journaled >= through:
+                return
+            try:
+                await self._append_journal()
+            except _WriteFailed as exc:
+                self._failed(exc)
+                self.write_behind()
+                raise StateWriteError(self.state_dir, exc.error) from exc.error
         self.write_behind()  # the checkpoint that makes the line durable
         self._wake.set()  # a write-behind waiting to retry: the disk works again
 
@@ -653,13 +675,14 @@ class Store:
         hooks: dict[str, bytes] = {}
         covered = 0
         if names:
-            self._append_journal()  # raises before anything is taken
-            covered = self._journal_gen  # the state files written now hold all it has
-            self._journal_gen += 1
-            hooks = {
-                n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode()
-                for n in names
-            }
+            async with self._journal_lock:  # no line may land in the file being retired
+                await self._append_journal()  # raises before anything is taken
+                covered = self._journal_gen  # the state files written now hold all it has
+                self._journal_gen += 1
+                hooks = {
+                    n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode()
+                    for n in names
+                }
         self._dirty_store = self._dirty_store and store is None
         self._dirty_hooks = set()
         try:
@@ -693,22 +716,26 @@ class Store:
                 except OSError as exc:  # replaying it over newer state files is harmless
                     log.warning("cannot remove %s: %s", path, _describe(exc))
 
-    def _append_journal(self) -> None:
-        """On the event loop: every hook state change not journaled yet, as one line of the
-        current journal file. Raises _WriteFailed (the changes stay unjournaled)."""
-        if self._unjournaled:
-            line = {
-                name: self._hook_states[name].changes(keys)
-                for name, keys in sorted(self._unjournaled.items())
-            }
+    async def _append_journal(self) -> None:
+        """Under the journal lock: every hook state change not journaled yet, as one line of
+        the current journal file. Raises _WriteFailed (the changes stay unjournaled)."""
+        through = self._hook_changes
+        taken = self._unjournaled
+        if taken:
+            line = {name: self._hook_states[name].changes(keys) for name, keys in taken.items()}
             path = self.state_dir / HOOKS_DIR / journal_name(self._journal_gen)
             data = json.dumps(line, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-            try:
-                append_line(path, data)
-            except OSError as exc:
-                raise _WriteFailed(path, exc) from exc
             self._unjournaled = {}
-        self._journaled = self._hook_changes
+            try:
+                if self.journal_in_thread:
+                    await asyncio.to_thread(append_line, path, data)
+                else:
+                    append_line(path, data)  # ~10 us into the page cache: no thread hop
+            except OSError as exc:
+                for name, keys in taken.items():  # with whatever changed meanwhile
+                    self._unjournaled.setdefault(name, set()).update(keys)
+                raise _WriteFailed(path, exc) from exc
+        self._journaled = max(self._journaled, through)
 
     def _failed(self, exc: _WriteFailed) -> None:
         self.write_failures += 1

@@ -1059,3 +1059,35 @@ def test_a_short_write_on_a_full_disk_leaves_no_torn_line(disk: SmallDisk) -> No
     with pytest.raises(OSError):
         store_module.append_line(disk.path / "journal-2.jsonl", b"y\n")
     assert not (disk.path / "journal-2.jsonl").exists()  # no empty file left either
+
+
+async def test_a_state_dir_that_can_block_gets_its_lines_from_a_thread_in_order(
+    disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = loaded(disk.path)
+    assert not store.journal_in_thread  # a tmpfs: on the loop
+    store.journal_in_thread = True  # as on nfs
+    threads: list[str] = []
+    real = asyncio.to_thread
+
+    async def counted(func: Any, *args: Any) -> Any:
+        threads.append(func.__name__)
+        return await real(func, *args)
+
+    monkeypatch.setattr(store_module.asyncio, "to_thread", counted)
+    try:
+        first = await change(store, "pin", "k", 0)
+        disk.fill()  # no journal file yet: not one byte fits
+        with pytest.raises(StateWriteError):
+            await store.write_ahead(first)
+        assert threads == ["append_line"]
+        disk.free()
+
+        async def call(n: int) -> None:
+            await store.write_ahead(await change(store, "pin", "k", n))
+
+        await asyncio.gather(*(call(n) for n in range(1, 9)))  # lines race to the journal
+        crash(store)
+        assert loaded(disk.path).hook_states() == {"pin": {"k": 8}}  # the last one wins
+    finally:
+        await store.close()
