@@ -126,7 +126,7 @@ class Containerd:
         tag = hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
         self.bridge = f"crih{tag}"  # IFNAMSIZ: at most 15 characters
         self.network_name = f"crihook-{tag}"
-        self.subnet = subnet or f"10.88.{random.randint(1, 254)}.0/24"
+        self.subnet = subnet or _unused_subnet()
         self.snapshotter = ""
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -675,3 +675,31 @@ def _shims_for(socket_path: str) -> dict[int, str]:
         if opts.get("-address") == socket_path:
             shims[pid] = opts.get("-id", "")
     return shims
+
+
+def _unused_subnet() -> str:
+    """A 10.88.x.0/24 that no address or route of this host overlaps: two labs whose host
+    addresses share a subnet (or a bridge left by a killed lab) send the host's packets for
+    pods to the wrong bridge, and network specs time out."""
+    taken: list[ipaddress.IPv4Network] = []
+    shown = subprocess.run(
+        ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=False
+    )
+    if shown.returncode == 0:
+        for link in json.loads(shown.stdout or "[]"):
+            for addr in link.get("addr_info", []):
+                taken.append(ipaddress.ip_network(f"{addr['local']}/{addr['prefixlen']}", False))
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/route").read_text().splitlines()[1:]:
+            fields = line.split()
+            dest, mask = (
+                ipaddress.IPv4Address(bytes.fromhex(f)[::-1]) for f in (fields[1], fields[7])
+            )
+            taken.append(ipaddress.ip_network(f"{dest}/{mask}", False))
+    candidates = list(range(1, 255))
+    random.shuffle(candidates)
+    for x in candidates:
+        net = ipaddress.ip_network(f"10.88.{x}.0/24")
+        if not any(net.overlaps(t) for t in taken if t.prefixlen > 0):
+            return str(net)
+    raise LabError("no free 10.88.x.0/24 subnet for the lab's bridge")
