@@ -52,7 +52,7 @@ from crihook.proxy.record import Recorder, device_pool_facts
 from crihook.proxy.record_format import header_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
-from crihook.proxy.sockets import prepare_listen_path, secure_socket
+from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
@@ -377,7 +377,8 @@ class App:
             )
         path = settings.server.socket_path
         prepare_listen_path(path)
-        server = await self._start_server(path)
+        with owner_only():
+            server = await self._start_server(path)
         secure_socket(path, settings.server.socket_mode, settings.server.socket_group)
         log.info(
             "crihook %s listening on %s (data path %s), runtime %s%s",

@@ -30,7 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from crihook.proxy.errors import ConfigError
-from crihook.proxy.sockets import prepare_listen_path, secure_socket
+from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 
 __all__ = ["MAX_REQUEST_BYTES", "READ_TIMEOUT", "MetricsServer", "split_address"]
 
@@ -93,7 +93,8 @@ class MetricsServer:
         try:
             if self._path is not None:
                 prepare_listen_path(self._path)
-                self._server = await asyncio.start_unix_server(self._serve, path=self._path)
+                with owner_only():
+                    self._server = await asyncio.start_unix_server(self._serve, path=self._path)
                 secure_socket(self._path, self._mode, self._group)
                 self.bound = f"unix://{self._path}"
             else:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from crihook.proxy.errors import ConfigError, SocketInUseError
 
-__all__ = ["prepare_listen_path", "secure_socket"]
+__all__ = ["owner_only", "prepare_listen_path", "secure_socket"]
 
 
 def prepare_listen_path(path: Path) -> None:
@@ -48,3 +50,15 @@ def secure_socket(path: Path, mode: int, group: str | None) -> None:
             raise ConfigError("socket_group", f"no such group {group!r}") from None
         os.chown(path, -1, gid)
     os.chmod(path, mode)
+
+
+@contextlib.contextmanager
+def owner_only() -> Iterator[None]:
+    """Files (the listen socket) created within are the owner's only (umask 077) until
+    `secure_socket` gives them the configured mode and group: no moment where any local
+    user may connect. At start-up, before anything else creates files."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
