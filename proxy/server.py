@@ -73,6 +73,11 @@ def intercepted_handler(pipeline: Pipeline, event: Event) -> grpc.RpcMethodHandl
     return grpc.unary_unary_rpc_method_handler(rpc)
 
 
+MAX_CACHED_METHODS = 256
+"""Handlers kept for methods the compiled API does not have: a runtime's real extra methods
+are a handful; a client sending ever new names gets a handler per call, not a growing map."""
+
+
 class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
     """Forwards any method the compiled API does not have, whatever its cardinality."""
 
@@ -92,7 +97,8 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
             handler = stream_stream_handler(self._runtime, method, image, self._readiness)
             if self._metrics is not None:
                 handler = measured_handler(handler, OTHER_METHOD, self._metrics)
-            self._cache[method] = handler
+            if len(self._cache) < MAX_CACHED_METHODS:  # names a client makes up are not kept
+                self._cache[method] = handler
         return handler
 
 
