@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import grpc
+
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
 from crihook.hooks.spec.views import resources_view
@@ -129,6 +131,16 @@ class ContainerUpdater:
         status: Status,
         extra: Mapping[str, str],
     ) -> None:
+        record = self._store.container(container_id)
+        if record is None and status.code is grpc.StatusCode.NOT_FOUND:
+            # kubelet removed it while the update was on its way: nothing is left to update
+            log.debug(
+                "update of container %s for hook %s: it was removed meanwhile",
+                container_id[:12],
+                ", ".join(hooks),
+                extra=dict(extra),
+            )
+            return
         self.failures += 1
         log.error(
             "update of container %s for hook %s failed: %s: %s",
@@ -138,7 +150,6 @@ class ContainerUpdater:
             status.details,
             extra=dict(extra),
         )
-        record = self._store.container(container_id)
         if record is None:
             return
         record.update_errors.append(

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from crihook.hooks.spec import ContainerUpdate, ResourceDelta
 from crihook.proxy.merge import PendingUpdate
@@ -53,6 +54,22 @@ async def test_an_update_sent_after_the_removal_keeps_no_record(tmp_path: Path) 
     sent = await updater.send([pending("c1", 1)], {})
     assert [u.status.code for u in sent if u.status] == [grpc.StatusCode.NOT_FOUND]
     assert updater._targets == {}  # private: the leak is there
+    assert updater.failures == 0  # nothing was left to update: not a failure
+
+
+async def test_a_container_the_runtime_lost_while_crihook_has_it_is_a_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime, store = Runtime(), Store(tmp_path)
+    store.put_pod(pod("p1"))
+    store.put_container(container("c1", "p1"))
+    updater = ContainerUpdater(runtime, store)
+    runtime.gone.add("c1")
+    await updater.send([pending("c1", 1)], {})
+    assert updater.failures == 1
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    errors = store.container("c1").update_errors  # type: ignore[union-attr]
+    assert errors[-1]["code"] == "NOT_FOUND"
 
 
 async def test_a_live_container_keeps_its_record_one_removed_meanwhile_does_not(
