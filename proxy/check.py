@@ -105,10 +105,20 @@ def check_command(args: argparse.Namespace, out: TextIO) -> int:
     else:
         driver = None
     findings += _kubelet(args, settings, driver)
-    for finding in findings:
-        print(finding.line(), file=out)
     code = exit_code(findings)
     counts = {level: sum(f.level is level for f in findings) for level in Level}
+    if getattr(args, "json", False):
+        doc = {
+            "findings": [
+                {"level": f.level.value, "topic": f.topic, "message": f.message} for f in findings
+            ],
+            "counts": {level.value: n for level, n in counts.items()},
+            "exit": code,
+        }
+        print(json.dumps(doc, indent=2), file=out)
+        return code
+    for finding in findings:
+        print(finding.line(), file=out)
     print(
         f"crihook check: {counts[Level.ERROR]} error(s), {counts[Level.WARNING]} warning(s) "
         f"(exit {code})",

@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubelet's command line (one string) to check; its --config and --config-dir "
         "are read too",
     )
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as one JSON object (findings, counts, exit) for tools",
+    )
     parser._subcommands = {"serve": serve, "state": state, "replay": replay, "check": check}
     return parser
 

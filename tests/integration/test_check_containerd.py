@@ -4,6 +4,7 @@ cgroup version, kubelet fixtures, and the exit codes, through the real command l
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,23 @@ def test_kubelet_static_managers_and_a_missing_plugin_are_warnings(
     for line, start in zip(warnings, expected, strict=True):
         assert line.startswith(start), line
     assert (code, lines[-1]) == (1, "crihook check: 0 error(s), 5 warning(s) (exit 1)")
+
+
+def test_json_output_carries_the_same_findings_and_exit(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    args = (
+        "--runtime-endpoint", containerd.endpoint, "--plugins-dir", str(tmp_path),
+        "--kubelet-config", str(CONFIGS / "kubeadm-static.yaml"),
+    )  # fmt: skip
+    code, lines = crihook_check(*args)
+    json_code, json_lines = crihook_check(*args, "--json")
+    doc = json.loads("\n".join(json_lines))
+    assert json_code == code == doc["exit"] == 1
+    shown = [f"{f['level']:<8} {f['topic']}: {f['message']}" for f in doc["findings"]]
+    assert shown == lines[:-1]
+    levels = [line.split()[0] for line in lines[:-1]]
+    assert doc["counts"] == {
+        level: levels.count(level) for level in ("ok", "note", "warning", "error")
+    }
+    assert doc["counts"]["warning"] >= 3  # the static managers and the cgroup driver
