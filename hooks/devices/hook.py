@@ -83,6 +83,7 @@ class DevicesHook(Hook):
         self._pooled = PooledIndex()
         self._runtime: RuntimeQueries | None = None
         self._finished: dict[str, Mapping[str, bool]] = {}
+        self._last_ask: tuple[Mapping[str, str], str, ContainerAsk] | None = None
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
 
     # --- start-up ----------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class DevicesHook(Hook):
             return None
         container = _container(ctx)
         try:
-            asked = container_ask(ctx.pod.annotations, container.name).pools
+            asked = self._ask(ctx.pod, container).pools
         except AnnotationError:
             return None  # the pre stage refuses it, naming what is wrong
         if not asked:
@@ -171,7 +172,7 @@ class DevicesHook(Hook):
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
         try:
-            ask = container_ask(ctx.pod.annotations, container.name)
+            ask = self._ask(ctx.pod, container)
         except AnnotationError as exc:
             raise InvalidRequest(str(exc)) from None
         if not ask:
@@ -221,6 +222,16 @@ class DevicesHook(Hook):
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         self.book.remove_pod(ctx.pod.id)
         return None
+
+    def _ask(self, pod: PodView, container: ContainerView) -> ContainerAsk:
+        """`container_ask`, read once per call: the hints stage's answer is the pre stage's
+        (same pod annotations object, same name)."""
+        last = self._last_ask
+        if last is not None and last[0] is pod.annotations and last[1] == container.name:
+            return last[2]
+        ask = container_ask(pod.annotations, container.name)  # AnnotationError: not kept
+        self._last_ask = (pod.annotations, container.name, ask)
+        return ask
 
     # --- pooled devices ----------------------------------------------------------------------
     async def _reusable(

@@ -80,6 +80,8 @@ class MountTable:
         self._fd: int | None = None
         self._poll = select.poll()
         self._types: dict[str, str] = {}
+        self._blocking: tuple[tuple[str, str], ...] = ()
+        """(mount point, type) of the file systems that can block; most nodes have none."""
 
     def close(self) -> None:
         if self._fd is not None:
@@ -90,18 +92,18 @@ class MountTable:
     def blocking_type(self, path: str) -> str | None:
         """The type of a file system a lookup of `path` (absolute, without `.`, `..` or
         symlinks) passes through that can block, or None when all of them are local."""
-        self._refresh()
-        types = self._types
-        probe = path
-        while True:
-            fstype = types.get(probe)
-            if fstype is not None and fstype not in LOCAL_TYPES:
-                return fstype
-            if probe == "/":
-                return None
-            probe = os.path.dirname(probe)
+        self.refresh()
+        return self.blocking_type_as_read(path)
 
-    def _refresh(self) -> None:
+    def blocking_type_as_read(self, path: str) -> str | None:
+        """`blocking_type` from the table as last read (`refresh` first)."""
+        for point, fstype in self._blocking:  # a lookup of `path` passes through each prefix
+            if point == "/" or path == point or path.startswith(f"{point}/"):
+                return fstype
+        return None
+
+    def refresh(self) -> None:
+        """Read the table again if the kernel marked it changed since the last read."""
         if self._fd is None:
             self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
             self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
@@ -116,6 +118,9 @@ class MountTable:
         while chunk := os.read(self._fd, 65536):
             chunks.append(chunk)
         self._types = parse_mountinfo(b"".join(chunks).decode("utf-8", "surrogateescape"))
+        self._blocking = tuple(
+            (point, fstype) for point, fstype in self._types.items() if fstype not in LOCAL_TYPES
+        )
 
 
 def parse_mountinfo(text: str) -> dict[str, str]:
@@ -155,6 +160,7 @@ def resolve_locally(path: str, mounts: MountTable) -> str:
     other OSErrors as realpath raises them."""
     if not path.startswith("/"):
         raise WouldBlock(f"{path} is relative")
+    mounts.refresh()  # once: a mount made during the walk is a race lost either way
     resolved = "/"
     pending = [c for c in reversed(path.split("/")) if c]
     links = 0
@@ -166,7 +172,7 @@ def resolve_locally(path: str, mounts: MountTable) -> str:
             resolved = os.path.dirname(resolved)  # `resolved` has no symlinks: lexical is right
             continue
         candidate = f"{resolved.rstrip('/')}/{name}"
-        fstype = mounts.blocking_type(candidate)
+        fstype = mounts.blocking_type_as_read(candidate)
         if fstype is not None:
             raise WouldBlock(f"looking up {candidate} reaches a {fstype} file system")
         if not stat.S_ISLNK(os.lstat(candidate).st_mode):

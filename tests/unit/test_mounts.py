@@ -212,3 +212,14 @@ def test_an_unresolvable_path_is_the_same_error_either_way(tmp_path: Path) -> No
     assert on_loop.value.errno == in_thread.value.errno == errno.ENOENT
     with pytest.raises(WouldBlock):
         files_for(tmp_path, blocking=True).nonblocking().device(f"{tmp_path}/x")
+
+
+def test_a_network_root_file_system_makes_every_lookup_blocking(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text("22 1 0:20 / / rw - nfs4 srv:/root rw\n23 22 0:5 / /dev rw - devtmpfs d rw\n")
+    mounts = MountTable(str(info))
+    try:
+        assert mounts.blocking_type("/usr/share") == "nfs4"
+        assert mounts.blocking_type("/dev/null") == "nfs4"  # /dev is reached through /
+    finally:
+        mounts.close()
