@@ -150,16 +150,19 @@ class DevicesHook(Hook):
             asked = self._ask(ctx.pod, container).pools
         except AnnotationError:
             return None  # the pre stage refuses it, naming what is wrong
-        if not asked:
+        self._finished.pop(ctx.pod.id, None)  # asked anew for every call
+        pools = self.policy.pools
+        # A pool without NUMA information has no preference: nothing to offer for it.
+        located = [
+            (pools[n], count) for n, count in asked.items() if n in pools and pools[n].aligned
+        ]
+        if not located:
             return None
         held = self.book.of(ctx.pod.id, container.name)
-        self._finished.pop(ctx.pod.id, None)  # asked anew for every call
         reusable = {} if held is not None else await self._reusable(ctx.pod, container)
         hints: dict[str, Any] = {}
-        for name, count in asked.items():
-            pool = self.policy.pools.get(name)
-            if pool is None:
-                continue
+        for pool, count in located:
+            name = pool.name
             if held is not None and name in held.devices:  # a restart keeps its devices
                 available = frozenset(held.devices[name])
             else:
