@@ -48,12 +48,18 @@ class _Target:
     """Field name → seq of the newest update applied."""
 
 
+REMEMBER_REMOVED = 4096
+
+
 class ContainerUpdater:
     def __init__(self, runtime: Runtime, store: Store) -> None:
         self._update = runtime.call(_UPDATE_PATH)
         self._store = store
         self._targets: dict[str, _Target] = {}
         self._slots = asyncio.Semaphore(MAX_PARALLEL)
+        self._removed: dict[str, None] = {}
+        """Ids of containers removed lately (oldest first, at most REMEMBER_REMOVED): an update
+        still on its way to one is answered NOT_FOUND, and that is no failure."""
         self.failures = 0
 
     async def send(
@@ -73,6 +79,9 @@ class ContainerUpdater:
     def forget(self, container_id: str) -> None:
         """The container is gone: drop its ordering record."""
         self._targets.pop(container_id, None)
+        self._removed[container_id] = None
+        if len(self._removed) > REMEMBER_REMOVED:
+            del self._removed[next(iter(self._removed))]
 
     async def _send_one(
         self, container_id: str, todo: list[PendingUpdate], extra: Mapping[str, str]
@@ -132,7 +141,7 @@ class ContainerUpdater:
         extra: Mapping[str, str],
     ) -> None:
         record = self._store.container(container_id)
-        if record is None and status.code is grpc.StatusCode.NOT_FOUND:
+        if status.code is grpc.StatusCode.NOT_FOUND and container_id in self._removed:
             # kubelet removed it while the update was on its way: nothing is left to update
             log.debug(
                 "update of container %s for hook %s: it was removed meanwhile",

@@ -51,10 +51,21 @@ async def test_an_update_sent_after_the_removal_keeps_no_record(tmp_path: Path) 
     runtime, store = Runtime(), Store(tmp_path)
     updater = ContainerUpdater(runtime, store)
     runtime.gone.add("c1")  # removed (and forgotten) before the update was sent
+    updater.forget("c1")
     sent = await updater.send([pending("c1", 1)], {})
     assert [u.status.code for u in sent if u.status] == [grpc.StatusCode.NOT_FOUND]
     assert updater._targets == {}  # private: the leak is there
     assert updater.failures == 0  # nothing was left to update: not a failure
+
+
+async def test_an_update_to_a_container_crihook_never_saw_removed_is_a_failure(
+    tmp_path: Path,
+) -> None:
+    runtime, store = Runtime(), Store(tmp_path)
+    updater = ContainerUpdater(runtime, store)
+    runtime.gone.add("c9")  # a hook named an id nobody created
+    await updater.send([pending("c9", 1)], {})
+    assert updater.failures == 1
 
 
 async def test_a_container_the_runtime_lost_while_crihook_has_it_is_a_failure(
