@@ -168,6 +168,11 @@ class CpuPool:
     """By pod id; a pending bubble by `uid:<pod uid>`."""
     _refs: Counter[int] = field(default_factory=Counter)
     """How many node-level holders (containers, reservations, bubbles) hold each CPU."""
+    _pools: dict[tuple[str, frozenset[int]], tuple[frozenset[int], str]] = field(
+        default_factory=dict
+    )
+    """Node pools by (name, NUMA nodes) with their cpulist, asked on every call: computed
+    once, forgotten whenever CPUs change hands (`_changed`)."""
 
     # --- reading -----------------------------------------------------------------------------
     def held(self) -> frozenset[int]:
@@ -200,13 +205,30 @@ class CpuPool:
 
     def node_pool(self, name: str, numa: frozenset[int] = frozenset()) -> frozenset[int]:
         """A node pool (`shared` or `be`), narrowed to `numa` nodes when some are named."""
-        cpus = self.pool_cpus(name)
-        return cpus & self.topology.cpus_in_numa(numa) if numa else cpus
+        return self._node_pool(name, numa)[0]
+
+    def node_pool_text(self, name: str, numa: frozenset[int] = frozenset()) -> str:
+        """`node_pool` as a cpulist (what a container on it is given)."""
+        return self._node_pool(name, numa)[1]
+
+    def _node_pool(self, name: str, numa: frozenset[int]) -> tuple[frozenset[int], str]:
+        key = (name, numa)
+        found = self._pools.get(key)
+        if found is None:
+            cpus = self.pool_cpus(name)
+            if numa:
+                cpus &= self.topology.cpus_in_numa(numa)
+            found = self._pools[key] = (cpus, format_cpu_list(cpus))
+        return found
 
     def member_cpus(self, holder: Holder) -> frozenset[int]:
         """What a node-level container without CPUs of its own runs on: its pool, narrowed
         to its NUMA nodes when koord-scheduler named some."""
         return self.node_pool(holder.pool, holder.numa)
+
+    def member_text(self, holder: Holder) -> str:
+        """`member_cpus` as a cpulist."""
+        return self.node_pool_text(holder.pool, holder.numa)
 
     def holders_of(self, cpus: frozenset[int], but: str) -> list[Holder]:
         """Holders of pods other than `but` holding any of `cpus` (node level, not stopped)."""
@@ -332,6 +354,7 @@ class CpuPool:
         bubble = Bubble(uid, cpus, pending=True)
         self.bubbles[key] = bubble
         self._refs.update(cpus)
+        self._pools.clear()
         self.state.set(_BUBBLE + key, bubble.to_dict())
 
     def confirm_bubble(self, uid: str, pod: str) -> None:
@@ -350,6 +373,7 @@ class CpuPool:
         before = self.held()
         self._refs.subtract(bubble.cpus)
         self._refs = +self._refs  # drop zero counts
+        self._pools.clear()
         self.state.delete(_BUBBLE + key)
         return before - self.held()
 
@@ -360,6 +384,7 @@ class CpuPool:
         self.pending.clear()
         self.bubbles.clear()
         self._refs.clear()
+        self._pools.clear()
         bad = []
         for key, doc in self.state.items():
             try:
@@ -393,13 +418,15 @@ class CpuPool:
             yield holder
 
     def _hold(self, holder: Holder) -> None:
-        if not holder.in_bubble:
+        if not holder.in_bubble and holder.cpus:
             self._refs.update(holder.cpus)
+            self._pools.clear()  # the pools depend on node-level holders with CPUs only
 
     def _unhold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.subtract(holder.cpus)
             self._refs = +self._refs
+            self._pools.clear()
 
     def _drop(self, key: str) -> None:
         holder = self.containers.pop(key, None)

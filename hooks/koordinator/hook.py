@@ -80,6 +80,7 @@ from crihook.hooks.spec import (
     InvalidRequest,
     PodView,
     PoolUsage,
+    QoSClass,
     Reject,
     ResourceHints,
     SyncContext,
@@ -303,7 +304,7 @@ class KoordinatorHook(Hook):
         cpus = self._scheduled(ctx.pod).cpus
         if not cpus:
             return
-        placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        placed = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         if parse_cpu_list(placed) != cpus:
             raise Reject(
                 f"container {container.name!r} of pod {_pod(ctx.pod)} was given cpus "
@@ -331,7 +332,7 @@ def _refuse_a_second_cpu_manager(ctx: HookContext, container: ContainerView) -> 
     """`cpu_manager = "none"`: this hook places CPUs; a cpuset set by a hook before it means
     another CPU manager (the cpuset hook) is in the chain too: two ledgers would hand the
     same CPUs out twice."""
-    placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+    placed = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
     if placed != container.resources.cpuset_cpus:
         raise Reject(
             f"a hook before koordinator set container {container.name!r}'s cpuset "
@@ -351,7 +352,21 @@ def _skip_reason(ctx: HookContext) -> str:
 
 
 def _qos_reason(pod: PodView) -> str:
-    """The pod's QoS class and where it came from."""
+    """The pod's QoS class and where it came from (asked on every call: a handful of distinct
+    answers, each worded once)."""
+    key = (pod.labels.get(QOS_LABEL), pod.qos_class)
+    reason = _QOS_REASONS.get(key)
+    if reason is None:
+        if len(_QOS_REASONS) >= 256:  # label values are the users': keep the memo small
+            _QOS_REASONS.clear()
+        reason = _QOS_REASONS[key] = _describe_qos(pod)
+    return reason
+
+
+_QOS_REASONS: dict[tuple[str | None, QoSClass], str] = {}
+
+
+def _describe_qos(pod: PodView) -> str:
     qos = qos_class(pod)
     if qos is None:
         return "no QoS class (not under kubelet's cgroups, no label)"

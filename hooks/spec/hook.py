@@ -176,6 +176,13 @@ class HookContext:
             self._request_copy = copy
         return self._request_copy
 
+    def peek_request(self) -> Message:
+        """The request as adjusted so far, without the copy `request` makes: to read only
+        (changing it would change what the runtime gets, behind the merge). For a built-in
+        hook that reads a field on every call; a hook that may change what it reads takes
+        `request`."""
+        return self._request
+
     def request_bytes(self) -> bytes:
         """The request as adjusted so far, serialized: what an out-of-process plugin is sent
         (no decoded copy is made)."""

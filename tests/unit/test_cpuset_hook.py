@@ -965,6 +965,46 @@ async def test_unreadable_state_entries_are_dropped() -> None:
     assert pool.held() == {1}
 
 
+def test_the_pools_asked_on_every_call_follow_every_change_of_hands() -> None:
+    """The node pools are kept between calls (`node_pool_text`); any CPU changing hands,
+    a bubble included, gives the new ones; a container without CPUs changes nothing."""
+    pool = CpuPool(TOPO, frozenset({0}), MemoryState(), strict_reservation=True)
+    lsr = Holder("p", "a", 0, "regular", frozenset({2, 3}), scheduled=True, be_shares=True)
+    lse = Holder("q", "a", 0, "regular", frozenset({4}), scheduled=True)
+    steps: list[tuple[str, Any]] = [
+        ("start", None),
+        ("shared container", lambda: pool.record("s1", Holder("r", "s", 0, "regular"))),
+        ("LSR reserved", lambda: pool.reserve("p/a/0", lsr)),
+        ("LSR confirmed", lambda: pool.confirm("p/a/0", "c1")),
+        ("LSE recorded", lambda: pool.record("c2", lse)),
+        ("LSE stopped", lambda: pool.stop("c2")),
+        ("bubble", lambda: pool.reserve_bubble("u", frozenset({5, 6}))),
+        ("bubble dropped", lambda: pool.drop_bubble("uid:u")),
+        ("LSR released", lambda: pool.release("c1")),
+    ]
+    seen = []
+    for what, change in steps:
+        if change is not None:
+            change()
+        shared, be = pool.node_pool_text("shared"), pool.node_pool_text("be")
+        assert (parse_cpu_list(shared), parse_cpu_list(be)) == (
+            pool.shared_pool(),
+            pool.be_pool(),
+        ), what
+        seen.append((what, shared, be))
+    assert seen == [
+        ("start", "1-15", "1-15"),
+        ("shared container", "1-15", "1-15"),
+        ("LSR reserved", "1,4-15", "1-15"),
+        ("LSR confirmed", "1,4-15", "1-15"),
+        ("LSE recorded", "1,5-15", "1-3,5-15"),
+        ("LSE stopped", "1,4-15", "1-15"),
+        ("bubble", "1,4,7-15", "1-4,7-15"),
+        ("bubble dropped", "1,4-15", "1-15"),
+        ("LSR released", "1-15", "1-15"),
+    ]
+
+
 def container(qos: QoSClass, request: int | None, limit: int | None) -> ContainerView:
     integer = (
         request // 1000 if qos is QoSClass.GUARANTEED and request and not request % 1000 else None
