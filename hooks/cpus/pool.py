@@ -21,8 +21,12 @@ pool (Koordinator's LS share pool); the BE pool is the shared pool plus the sche
 BE pods may share (`be_shares`: every pod's but an LSE pod's). A container without CPUs of
 its own runs on the pool its holder names (`pool`).
 
-Every change is mirrored into the hook's persisted state (`c:<container id>`,
-`r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool.
+Every change of who holds CPUs is mirrored into the hook's persisted state (`c:<container
+id>`, `r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool. A
+container that holds no CPUs of its own (one on a shared pool, a stopped one) is not
+written: all it has is its pool and whether it runs, which follow from its pod and the
+runtime, so a restart adopts it as it was (`reconcile`). The many shared containers of a
+node then change no state (the store rewrites a hook's whole state at each change).
 """
 
 from __future__ import annotations
@@ -299,7 +303,7 @@ class CpuPool:
         self._drop(key)
         self.pending[key] = holder
         self._hold(holder)
-        self.state.set(_PENDING + key, holder.to_dict())
+        self._persist(_PENDING + key, holder)
 
     def confirm(self, key: str, container_id: str) -> Holder | None:
         """The runtime created the container: its reservation becomes its holder."""
@@ -308,7 +312,7 @@ class CpuPool:
             return None
         self.state.delete(_PENDING + key)
         self.containers[container_id] = holder
-        self.state.set(_CONTAINER + container_id, holder.to_dict())
+        self._persist(_CONTAINER + container_id, holder)
         return holder
 
     def record(self, container_id: str, holder: Holder) -> None:
@@ -316,7 +320,7 @@ class CpuPool:
         self._drop(container_id)
         self.containers[container_id] = holder
         self._hold(holder)
-        self.state.set(_CONTAINER + container_id, holder.to_dict())
+        self._persist(_CONTAINER + container_id, holder)
 
     def resize(self, container_id: str, cpus: frozenset[int]) -> Holder:
         """A running container's exclusive CPUs become `cpus` (an in-place resize; the CPUs
@@ -345,7 +349,7 @@ class CpuPool:
         self._unhold(holder)
         stopped = replace(holder, cpus=frozenset(), stopped=True)
         self.containers[container_id] = stopped
-        self.state.set(_CONTAINER + container_id, stopped.to_dict())
+        self._persist(_CONTAINER + container_id, stopped)
         return before - self.held()
 
     def reserve_bubble(self, uid: str, cpus: frozenset[int]) -> None:
@@ -416,6 +420,13 @@ class CpuPool:
     def _holders(self) -> Iterable[Holder]:
         for _, holder in self._items():
             yield holder
+
+    def _persist(self, key: str, holder: Holder) -> None:
+        """Write a holder of CPUs; forget one that holds none (see the module's docstring)."""
+        if holder.cpus:
+            self.state.set(key, holder.to_dict())
+        else:
+            self.state.delete(key)
 
     def _hold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:

@@ -264,8 +264,8 @@ async def test_exclusive_cpus_only_for_integer_cpus_of_guaranteed_pods(
     created = await node.create(p, container, "c1")
     if exclusive is None:
         assert cpuset(created.pre) == ONLINE  # the whole shared pool
-        assert state_keys(node, "c:") == ["c:c1"]
         assert pool_of(node).containers["c1"].cpus == frozenset()
+        assert state_keys(node, "c:") == []  # holding no CPUs: a restart adopts it
     else:
         assert cpuset(created.pre) == take_cpus(TOPO, ONLINE, exclusive)
         assert pool_of(node).containers["c1"].cpus == cpuset(created.pre)
@@ -377,7 +377,8 @@ async def test_stop_and_remove_give_cpus_back_to_the_running_shared_containers()
     assert await node.remove("e1") is None  # given back already
     assert updates(await node.remove("e2")) == [("s1", ONLINE)]
     assert await node.remove("s2") is None
-    assert state_keys(node, "c:") == ["c:s1"]
+    assert sorted(pool_of(node).containers) == ["s1"]
+    assert state_keys(node, "c:") == []  # e1 and e2 forgotten; s1 holds no CPUs
 
 
 async def test_remove_pod_gives_back_what_its_containers_held() -> None:
@@ -388,7 +389,8 @@ async def test_remove_pod_gives_back_what_its_containers_held() -> None:
     await node.create(e, guaranteed("x", 2000), "e1")
     await node.create(e, guaranteed("y", 2000), "e2")
     assert updates(await node.remove_pod("e")) == [("s1", ONLINE)]
-    assert state_keys(node, "c:") == ["c:s1"]
+    assert sorted(pool_of(node).containers) == ["s1"]
+    assert state_keys(node, "c:") == []
     assert await node.remove_pod("s") is None  # shared only: nothing to give back
     assert list(node.state.items()) == []
 
@@ -934,11 +936,14 @@ async def test_the_pool_survives_a_restart() -> None:
     await node.stop("s1")
     before = pool_of(node)
 
-    # A fresh pool on the same state rebuilds the same holders and bubbles.
+    # A fresh pool on the same state rebuilds the same holders of CPUs and bubbles (the
+    # containers holding none, s1 and the bubble's shared one, are the runtime's to tell).
     fresh = CpuPool(TOPO, frozenset(), node.state)
     assert fresh.load() == []
+    holding = {cid: h for cid, h in before.containers.items() if h.cpus}
+    assert sorted(before.containers.keys() - holding.keys()) == ["p1", "s1"]
     assert (fresh.containers, fresh.pending, fresh.bubbles) == (
-        before.containers,
+        holding,
         before.pending,
         before.bubbles,
     )
@@ -946,7 +951,8 @@ async def test_the_pool_survives_a_restart() -> None:
     assert fresh.shared_pool() == before.shared_pool()
     assert fresh.bubble_shared_pool("b") == before.bubble_shared_pool("b")
 
-    # And a fresh hook on it (crihook restarted) finds nothing to repair.
+    # And a fresh hook on it (crihook restarted) adopts the others as they were, and finds
+    # nothing to repair.
     restarted = Node(CpusetHook({}), TOPO, scope="pod", state=node.state)
     restarted.pods, restarted.containers, restarted.states = node.pods, node.containers, node.states
     assert await restarted.sync() == []
