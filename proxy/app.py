@@ -29,7 +29,16 @@ from google.protobuf.message import DecodeError
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Host, HostFiles, LinuxFiles, LinuxHost, Topology, TopologyError
+from crihook.hooks.node import (
+    Host,
+    HostFiles,
+    LinuxFiles,
+    LinuxHost,
+    LinuxPodCgroups,
+    PodCgroups,
+    Topology,
+    TopologyError,
+)
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.proxy import sdnotify
 from crihook.proxy.call_log import CallLog
@@ -42,7 +51,7 @@ from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
 from crihook.proxy.metrics_http import MetricsServer
-from crihook.proxy.observe import ObservedFiles, ObservedHost, ObservedQueries
+from crihook.proxy.observe import ObservedCgroups, ObservedFiles, ObservedHost, ObservedQueries
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
@@ -88,10 +97,12 @@ class App:
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
+        cgroups: PodCgroups = LinuxPodCgroups()
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
             host, files = ObservedHost(host), ObservedFiles(files)
+            cgroups = ObservedCgroups(cgroups)
             queries = ObservedQueries(queries)  # delegates what it does not observe
             self.recorder = Recorder(
                 settings.record,
@@ -112,6 +123,7 @@ class App:
             settings.node.topology_policy,
             settings.node.topology_scope,
             files=files,
+            cgroups=cgroups,
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:

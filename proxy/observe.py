@@ -1,10 +1,11 @@
 """What hooks ask the node and the runtime, noted per call for recordings.
 
 Hooks learn about the node only through seams crihook hands them in `SyncContext`: the host's
-processes and cgroups (`Host`), its files (`HostFiles`) and the runtime's answers on the call
-path (`RuntimeQueries`). While crihook records, it hands them the wrappers below: each
-question and its answer (or error) is noted in the list of the call (or synchronize) being
-recorded, so a replay can answer the same questions the same way on another machine.
+processes and cgroups (`Host`, `PodCgroups`), its files (`HostFiles`) and the runtime's
+answers on the call path (`RuntimeQueries`). While crihook records, it hands them the
+wrappers below: each question and its answer (or error) is noted in the list of the call (or
+synchronize) being recorded, so a replay can answer the same questions the same way on
+another machine.
 
     observed, token = begin()        # the call's list, for this task and its threads
     ... hooks run; ObservedHost/ObservedFiles/ObservedQueries append Observations ...
@@ -22,12 +23,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc.aio
 
-from crihook.hooks.node import DeviceNode, Host, HostFiles, WouldBlock
+from crihook.hooks.node import DeviceNode, Host, HostFiles, PodCgroups, PodLimits, WouldBlock
 from crihook.hooks.spec import ContainerState, RuntimeQueries
 
 __all__ = [
     "EFFECTS",
     "Observation",
+    "ObservedCgroups",
     "ObservedFiles",
     "ObservedHost",
     "ObservedQueries",
@@ -38,7 +40,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-EFFECTS = frozenset({"write_oom_score_adj", "unlimit_cpu_quota"})
+EFFECTS = frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"})
 """Operations that change the host (compared by a replay, not only answered)."""
 
 
@@ -146,6 +148,21 @@ class ObservedHost:
             "unlimit_cpu_quota",
             [cgroup_parent],
             lambda: self.host.unlimit_cpu_quota(cgroup_parent),
+        )
+
+
+class ObservedCgroups:
+    """`PodCgroups` whose every write is noted (as the host's: `write_pod_limits`)."""
+
+    def __init__(self, cgroups: PodCgroups) -> None:
+        self.cgroups = cgroups
+
+    def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
+        return _note(
+            "host",
+            "write_pod_limits",
+            [cgroup_parent, limits.to_dict()],
+            lambda: self.cgroups.write_limits(cgroup_parent, limits),
         )
 
 

@@ -188,6 +188,7 @@ class _SegmentReplay:
             settings.node.topology_policy,
             settings.node.topology_scope,
             files=node,
+            cgroups=node,
         )
         self.reports: list[SyncReport] = []
         self.sync.on_sync = self.reports.append

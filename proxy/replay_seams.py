@@ -7,10 +7,11 @@ this machine.
   crihook refused but the replayed chain lets through) with a made-up success, so the replay
   goes on: the difference is reported anyway.
 - `RecordedNode` answers what hooks ask the host's processes (`Host`), its files
-  (`HostFiles`) and the runtime on the call path (`RuntimeQueries`): first from the answers
-  noted in the line being replayed, then from any earlier line (or the header's node facts),
-  then as an empty host would. Changes a hook makes to the host (an oom_score_adj written, a
-  CFS quota lifted) are noted as `effects`, never carried out.
+  (`HostFiles`), pods' cgroups (`PodCgroups`) and the runtime on the call path
+  (`RuntimeQueries`): first from the answers noted in the line being replayed, then from any
+  earlier line (or the header's node facts), then as an empty host would. Changes a hook
+  makes to the host (an oom_score_adj written, a CFS quota lifted, a pod's cgroup limits
+  written) are noted as `effects`, never carried out.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import DeviceNode
+from crihook.hooks.node import DeviceNode, PodLimits
 from crihook.hooks.spec import ContainerState
 from crihook.proxy.observe import EFFECTS
 from crihook.proxy.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
@@ -119,7 +120,8 @@ def not_recorded(what: str) -> str:
 
 
 class RecordedNode:
-    """Host, HostFiles and RuntimeQueries for the hooks, answered from the recording."""
+    """Host, HostFiles, PodCgroups and RuntimeQueries for the hooks, answered from the
+    recording."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -198,6 +200,14 @@ class RecordedNode:
         answer = self._ask("host", "unlimit_cpu_quota", [cgroup_parent])
         effect["result"] = False if answer is _MISSING else bool(answer)
         return bool(effect["result"])
+
+    # PodCgroups: noted, never written
+    def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
+        args = [cgroup_parent, limits.to_dict()]
+        effect = self._effect("write_pod_limits", args)
+        answer = self._ask("host", "write_pod_limits", args)
+        effect["result"] = [] if answer is _MISSING else [str(p) for p in answer]
+        return list(effect["result"])
 
     # HostFiles
     def resolve(self, path: str) -> str:

@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Host, HostFiles, Topology
+from crihook.hooks.node import Host, HostFiles, PodCgroups, Topology
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, RuntimeQueries, SyncContext
 from crihook.hooks.spec.views import container_state, resources_view
 from crihook.proxy import observe
@@ -139,6 +139,7 @@ class Synchronizer:
         topology_policy: str = "none",
         topology_scope: str = "container",
         files: HostFiles | None = None,
+        cgroups: PodCgroups | None = None,
     ) -> None:
         self.chain = chain
         self.topology_policy = topology_policy
@@ -150,6 +151,7 @@ class Synchronizer:
         self.node = node
         self.host = host
         self.files = files
+        self.cgroups = cgroups
         self.on_sync: Callable[[SyncReport], None] | None = None
         """Told every synchronize (recording)."""
         self._pending: set[str] = set()
@@ -221,6 +223,8 @@ class Synchronizer:
                 topology_policy=self.topology_policy,
                 topology_scope=self.topology_scope,
                 files=self.files,
+                cgroups=self.cgroups,
+                exempt=self.chain.exempt,
             )
             try:
                 async with asyncio.timeout(SYNC_TIMEOUT_SECONDS):

@@ -204,17 +204,18 @@ class CpuLedger(Hook):
         count = slice_cpus(container) if bubble else self._exclusive(ctx.pod, container)
         if count is None:
             if bubble:
-                cpus, whose = pool.bubble_shared_pool(ctx.pod.id), f"pod {_pod(ctx.pod)}'s shared"
+                cpus = pool.bubble_shared_pool(ctx.pod.id)
+                text, whose = format_cpu_list(cpus), f"pod {_pod(ctx.pod)}'s shared"
             else:
                 name, numa = _member_of(ctx.pod, scheduled)
-                cpus, whose = pool.node_pool(name, numa), f"the node's {_POOL_NAMES[name]}"
-            if not cpus:
+                text, whose = pool.node_pool_text(name, numa), _NODE_POOLS[name]
+            if not text:
                 raise Reject(
                     f"{whose} pool is empty: exclusive containers hold all of its "
                     f"CPUs, so container {container.name!r} has no CPU to run on"
                 )
             why = f"cpus: {whose} pool" + _narrowed(scheduled)
-            return Adjustment().set_cpuset_cpus(format_cpu_list(cpus)).because(why)
+            return Adjustment().set_cpuset_cpus(text).because(why)
         finished = await self._exits(ctx)
         # From here on nothing awaits: the pick and the reservation see one state of the pool.
         self._finished.pop(ctx.pod.id, None)
@@ -282,7 +283,9 @@ class CpuLedger(Hook):
             numa=numa,
         )
         pool.record(cid, holder)
-        sent = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        sent = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        if not bubble and sent == pool.member_text(holder):
+            return None  # what its pre stage gave it is still its pool (the usual case)
         want = desired_cpus(pool, cid)
         if want is not None and parse_cpu_list(sent) != want:
             delta = ResourceDelta(cpuset_cpus=format_cpu_list(want))
@@ -604,8 +607,7 @@ class CpuLedger(Hook):
                 continue
             key = (holder.pool, holder.numa)
             if key not in deltas:
-                cpus = format_cpu_list(pool.member_cpus(holder))
-                deltas[key] = ResourceDelta(cpuset_cpus=cpus)
+                deltas[key] = ResourceDelta(cpuset_cpus=pool.member_text(holder))
             out.update_container(cid, deltas[key])
         return out
 
@@ -633,6 +635,7 @@ def _refuse_cpu_resize(holder: Holder, milli: int, container: ContainerView) -> 
 
 
 _POOL_NAMES = {SHARED_POOL: "shared", BE_POOL: "BE"}
+_NODE_POOLS = {name: f"the node's {what}" for name, what in _POOL_NAMES.items()}
 
 
 def _member_of(pod: PodView, scheduled: ScheduledResources) -> tuple[str, frozenset[int]]:

@@ -21,8 +21,12 @@ pool (Koordinator's LS share pool); the BE pool is the shared pool plus the sche
 BE pods may share (`be_shares`: every pod's but an LSE pod's). A container without CPUs of
 its own runs on the pool its holder names (`pool`).
 
-Every change is mirrored into the hook's persisted state (`c:<container id>`,
-`r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool.
+Every change of who holds CPUs is mirrored into the hook's persisted state (`c:<container
+id>`, `r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the same pool. A
+container that holds no CPUs of its own (one on a shared pool, a stopped one) is not
+written: all it has is its pool and whether it runs, which follow from its pod and the
+runtime, so a restart adopts it as it was (`reconcile`). The many shared containers of a
+node then change no state (the store rewrites a hook's whole state at each change).
 """
 
 from __future__ import annotations
@@ -168,6 +172,11 @@ class CpuPool:
     """By pod id; a pending bubble by `uid:<pod uid>`."""
     _refs: Counter[int] = field(default_factory=Counter)
     """How many node-level holders (containers, reservations, bubbles) hold each CPU."""
+    _pools: dict[tuple[str, frozenset[int]], tuple[frozenset[int], str]] = field(
+        default_factory=dict
+    )
+    """Node pools by (name, NUMA nodes) with their cpulist, asked on every call: computed
+    once, forgotten whenever CPUs change hands (`_changed`)."""
 
     # --- reading -----------------------------------------------------------------------------
     def held(self) -> frozenset[int]:
@@ -200,13 +209,30 @@ class CpuPool:
 
     def node_pool(self, name: str, numa: frozenset[int] = frozenset()) -> frozenset[int]:
         """A node pool (`shared` or `be`), narrowed to `numa` nodes when some are named."""
-        cpus = self.pool_cpus(name)
-        return cpus & self.topology.cpus_in_numa(numa) if numa else cpus
+        return self._node_pool(name, numa)[0]
+
+    def node_pool_text(self, name: str, numa: frozenset[int] = frozenset()) -> str:
+        """`node_pool` as a cpulist (what a container on it is given)."""
+        return self._node_pool(name, numa)[1]
+
+    def _node_pool(self, name: str, numa: frozenset[int]) -> tuple[frozenset[int], str]:
+        key = (name, numa)
+        found = self._pools.get(key)
+        if found is None:
+            cpus = self.pool_cpus(name)
+            if numa:
+                cpus &= self.topology.cpus_in_numa(numa)
+            found = self._pools[key] = (cpus, format_cpu_list(cpus))
+        return found
 
     def member_cpus(self, holder: Holder) -> frozenset[int]:
         """What a node-level container without CPUs of its own runs on: its pool, narrowed
         to its NUMA nodes when koord-scheduler named some."""
         return self.node_pool(holder.pool, holder.numa)
+
+    def member_text(self, holder: Holder) -> str:
+        """`member_cpus` as a cpulist."""
+        return self.node_pool_text(holder.pool, holder.numa)
 
     def holders_of(self, cpus: frozenset[int], but: str) -> list[Holder]:
         """Holders of pods other than `but` holding any of `cpus` (node level, not stopped)."""
@@ -277,7 +303,7 @@ class CpuPool:
         self._drop(key)
         self.pending[key] = holder
         self._hold(holder)
-        self.state.set(_PENDING + key, holder.to_dict())
+        self._persist(_PENDING + key, holder)
 
     def confirm(self, key: str, container_id: str) -> Holder | None:
         """The runtime created the container: its reservation becomes its holder."""
@@ -286,7 +312,7 @@ class CpuPool:
             return None
         self.state.delete(_PENDING + key)
         self.containers[container_id] = holder
-        self.state.set(_CONTAINER + container_id, holder.to_dict())
+        self._persist(_CONTAINER + container_id, holder)
         return holder
 
     def record(self, container_id: str, holder: Holder) -> None:
@@ -294,7 +320,7 @@ class CpuPool:
         self._drop(container_id)
         self.containers[container_id] = holder
         self._hold(holder)
-        self.state.set(_CONTAINER + container_id, holder.to_dict())
+        self._persist(_CONTAINER + container_id, holder)
 
     def resize(self, container_id: str, cpus: frozenset[int]) -> Holder:
         """A running container's exclusive CPUs become `cpus` (an in-place resize; the CPUs
@@ -323,7 +349,7 @@ class CpuPool:
         self._unhold(holder)
         stopped = replace(holder, cpus=frozenset(), stopped=True)
         self.containers[container_id] = stopped
-        self.state.set(_CONTAINER + container_id, stopped.to_dict())
+        self._persist(_CONTAINER + container_id, stopped)
         return before - self.held()
 
     def reserve_bubble(self, uid: str, cpus: frozenset[int]) -> None:
@@ -332,6 +358,7 @@ class CpuPool:
         bubble = Bubble(uid, cpus, pending=True)
         self.bubbles[key] = bubble
         self._refs.update(cpus)
+        self._pools.clear()
         self.state.set(_BUBBLE + key, bubble.to_dict())
 
     def confirm_bubble(self, uid: str, pod: str) -> None:
@@ -350,6 +377,7 @@ class CpuPool:
         before = self.held()
         self._refs.subtract(bubble.cpus)
         self._refs = +self._refs  # drop zero counts
+        self._pools.clear()
         self.state.delete(_BUBBLE + key)
         return before - self.held()
 
@@ -360,6 +388,7 @@ class CpuPool:
         self.pending.clear()
         self.bubbles.clear()
         self._refs.clear()
+        self._pools.clear()
         bad = []
         for key, doc in self.state.items():
             try:
@@ -392,14 +421,23 @@ class CpuPool:
         for _, holder in self._items():
             yield holder
 
+    def _persist(self, key: str, holder: Holder) -> None:
+        """Write a holder of CPUs; forget one that holds none (see the module's docstring)."""
+        if holder.cpus:
+            self.state.set(key, holder.to_dict())
+        else:
+            self.state.delete(key)
+
     def _hold(self, holder: Holder) -> None:
-        if not holder.in_bubble:
+        if not holder.in_bubble and holder.cpus:
             self._refs.update(holder.cpus)
+            self._pools.clear()  # the pools depend on node-level holders with CPUs only
 
     def _unhold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.subtract(holder.cpus)
             self._refs = +self._refs
+            self._pools.clear()
 
     def _drop(self, key: str) -> None:
         holder = self.containers.pop(key, None)

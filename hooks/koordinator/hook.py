@@ -3,6 +3,8 @@ the signals Koordinator puts on them (`protocol`), without the API server.
 
     RunPodSandbox    pre: a pod koord-scheduler gave CPUs gets them, and no CFS quota, on
                           its sandbox; a BE pod its batch resources, summed (`batch`)
+                     post: a BE pod's own cgroup gets those sums written, as koordlet
+                          writes it (containerd applies the sandbox's resources nowhere)
     CreateContainer  hints/pre/post/failed: CPUs placed on Koordinator's pools by the
                           CPU ledger (`cpu_manager = "none"`); pre: a BE container its
                           batch CFS quota/period, shares and memory limit
@@ -10,6 +12,13 @@ the signals Koordinator puts on them (`protocol`), without the API server.
                           BestEffort resources)
     UpdatePodSandboxResources pre: the pod-level values stay
     Stop/RemoveContainer, RemovePodSandbox  post: CPUs given back, pools updated
+    synchronize      (start, reconcile) every BE pod's cgroup written again: a restart, a
+                          pod learnt from the runtime, a write that failed
+
+The pod cgroup is written through `SyncContext.cgroups` (`crihook.hooks.node.PodCgroups`), in a
+thread, after the runtime made the sandbox: a failed write never fails the call; it is logged
+naming the file, counted (`pod_cgroup_failures`) and tried again at the pod's next
+CreateContainer and at the next synchronize.
 
 CPU placement is one ledger (`crihook.hooks.cpus`, below both hooks that place CPUs): with
 `cpu_manager = "none"` this hook runs one in kubelet's `none` mode (no exclusive CPUs but the
@@ -30,6 +39,7 @@ replay --explain koordinator` shows it per container.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,7 +53,7 @@ from crihook.hooks.cpus.koordinator import (
     raw_qos,
     scheduled_resources,
 )
-from crihook.hooks.koordinator.batch import container_resources, pod_resources
+from crihook.hooks.koordinator.batch import BASE_PERIOD_US, container_resources, pod_resources
 from crihook.hooks.koordinator.options import KoordinatorOptions, cpuset_options, parse_options
 from crihook.hooks.koordinator.protocol import (
     EXTENDED_RESOURCE_SPEC_ANNOTATION,
@@ -54,7 +64,13 @@ from crihook.hooks.koordinator.protocol import (
     qos_class,
     skipped,
 )
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import (
+    PodCgroups,
+    PodLimits,
+    Topology,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from crihook.hooks.spec import (
     Adjustment,
     ContainerUpdate,
@@ -64,6 +80,7 @@ from crihook.hooks.spec import (
     InvalidRequest,
     PodView,
     PoolUsage,
+    QoSClass,
     Reject,
     ResourceHints,
     SyncContext,
@@ -86,6 +103,11 @@ class KoordinatorHook(Hook):
         if self.config.places_cpus:
             self._cpus = CpuLedger(cpuset_options(self.config))
         self._node: Topology | None = None
+        self._cgroups: PodCgroups | None = None
+        self._unwritten: dict[str, tuple[PodView, PodLimits]] = {}
+        """Pod cgroup parent → the limits a failed write left unwritten (tried again)."""
+        self.pod_cgroup_failures = 0
+        """Failed writes of a pod's cgroup since start."""
 
     @property
     def ledger(self) -> CpuLedger | None:
@@ -98,6 +120,14 @@ class KoordinatorHook(Hook):
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         self._node = sync.node
+        self._cgroups = sync.cgroups
+        self._unwritten.clear()  # every pod still there is written again now
+        pods = []
+        for pod in sync.pods:
+            limits = self._pod_limits(pod, exempt=sync.exempt(pod))
+            if limits is not None:
+                pods.append((pod, limits))
+        await self._write_pod_cgroups(pods)
         if self._cpus is None:
             return ()
         return await self._cpus.synchronize(sync)
@@ -107,6 +137,12 @@ class KoordinatorHook(Hook):
         adjustment = self._pod_resources(ctx)
         log.debug("koordinator: pod %s: %r", _pod(ctx.pod), adjustment)
         return adjustment
+
+    async def post_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        limits = self._pod_limits(ctx.pod, exempt=ctx.exempt)
+        if limits is not None:
+            await self._write_pod_cgroups([(ctx.pod, limits)])
+        return None
 
     async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
         if self._cpus is not None:
@@ -128,6 +164,10 @@ class KoordinatorHook(Hook):
         return self._with_batch(ctx, container, adjustment)
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
+        if self._unwritten:  # its pod's cgroup could not be written: try again
+            unwritten = self._unwritten.get(ctx.pod.cgroup_parent)
+            if unwritten is not None:
+                await self._write_pod_cgroups([unwritten])
         return await self._cpus.post_create_container(ctx) if self._cpus is not None else None
 
     async def failed_create_container(self, ctx: HookContext) -> None:
@@ -151,6 +191,7 @@ class KoordinatorHook(Hook):
         return await self._cpus.post_remove_container(ctx) if self._cpus is not None else None
 
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        self._unwritten.pop(ctx.pod.cgroup_parent, None)
         if self._cpus is None:
             return None
         return await self._cpus.post_remove_pod_sandbox(ctx)
@@ -182,6 +223,51 @@ class KoordinatorHook(Hook):
                     f"({EXTENDED_RESOURCE_SPEC_ANNOTATION}): {values.describe()}"
                 )
         return adjustment
+
+    def _pod_limits(self, pod: PodView, *, exempt: bool) -> PodLimits | None:
+        """What koordlet writes into a BE pod's own cgroup: its batch resources summed over
+        its containers (`pod_resources`; unlimited quota or memory as -1). None for a pod
+        it leaves alone (not BE, skipped or exempt, no or a malformed extended resource
+        spec: the pre stage refused that one)."""
+        if exempt or skipped(pod) or not is_batch(pod) or not pod.cgroup_parent:
+            return None
+        try:
+            spec = batch_spec(pod)
+        except ValueError:
+            return None
+        if spec is None:
+            return None
+        values = pod_resources(spec, cfs_quota=self.config.batch_cfs_quota)
+        memory = values.memory_limit_bytes
+        return PodLimits(
+            cpu_shares=values.cpu_shares,
+            cpu_quota_us=values.cpu_quota,
+            cpu_period_us=BASE_PERIOD_US,
+            memory_limit_bytes=-1 if memory is None else memory,
+        )
+
+    async def _write_pod_cgroups(self, pods: Sequence[tuple[PodView, PodLimits]]) -> None:
+        """Write each pod's limits into its cgroup, off the event loop. The runtime already
+        made the pods: a failure is logged (it names the file), counted, and left to be tried
+        again, never raised."""
+        cgroups = self._cgroups
+        if cgroups is None or not pods:
+            return
+        jobs = [(pod.cgroup_parent, limits) for pod, limits in pods]
+        results = await asyncio.to_thread(_write_all, cgroups, jobs)
+        for (pod, limits), (written, error) in zip(pods, results, strict=True):
+            if error is None:
+                self._unwritten.pop(pod.cgroup_parent, None)
+                log.debug("koordinator: pod %s: cgroup limits written: %s", _pod(pod), written)
+                continue
+            self.pod_cgroup_failures += 1
+            self._unwritten[pod.cgroup_parent] = (pod, limits)
+            log.warning(
+                "koordinator: pod %s: its cgroup keeps kubelet's limits for now (tried again "
+                "at its next container and at the next synchronize): %s",
+                _pod(pod),
+                error,
+            )
 
     def _with_batch(
         self, ctx: HookContext, container: ContainerView, adjustment: Adjustment | None
@@ -218,7 +304,7 @@ class KoordinatorHook(Hook):
         cpus = self._scheduled(ctx.pod).cpus
         if not cpus:
             return
-        placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        placed = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         if parse_cpu_list(placed) != cpus:
             raise Reject(
                 f"container {container.name!r} of pod {_pod(ctx.pod)} was given cpus "
@@ -229,11 +315,24 @@ class KoordinatorHook(Hook):
             )
 
 
+def _write_all(
+    cgroups: PodCgroups, jobs: Sequence[tuple[str, PodLimits]]
+) -> list[tuple[list[str], str | None]]:
+    """Each job's files written, or why not (in a worker thread)."""
+    out: list[tuple[list[str], str | None]] = []
+    for parent, limits in jobs:
+        try:
+            out.append((cgroups.write_limits(parent, limits), None))
+        except (OSError, ValueError) as exc:
+            out.append(([], str(exc)))
+    return out
+
+
 def _refuse_a_second_cpu_manager(ctx: HookContext, container: ContainerView) -> None:
     """`cpu_manager = "none"`: this hook places CPUs; a cpuset set by a hook before it means
     another CPU manager (the cpuset hook) is in the chain too: two ledgers would hand the
     same CPUs out twice."""
-    placed = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+    placed = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
     if placed != container.resources.cpuset_cpus:
         raise Reject(
             f"a hook before koordinator set container {container.name!r}'s cpuset "
@@ -253,7 +352,21 @@ def _skip_reason(ctx: HookContext) -> str:
 
 
 def _qos_reason(pod: PodView) -> str:
-    """The pod's QoS class and where it came from."""
+    """The pod's QoS class and where it came from (asked on every call: a handful of distinct
+    answers, each worded once)."""
+    key = (pod.labels.get(QOS_LABEL), pod.qos_class)
+    reason = _QOS_REASONS.get(key)
+    if reason is None:
+        if len(_QOS_REASONS) >= 256:  # label values are the users': keep the memo small
+            _QOS_REASONS.clear()
+        reason = _QOS_REASONS[key] = _describe_qos(pod)
+    return reason
+
+
+_QOS_REASONS: dict[tuple[str | None, QoSClass], str] = {}
+
+
+def _describe_qos(pod: PodView) -> str:
     qos = qos_class(pod)
     if qos is None:
         return "no QoS class (not under kubelet's cgroups, no label)"

@@ -1,12 +1,20 @@
 """The node as hooks see it: CPU/NUMA topology (read once from sysfs), cpulists, the host's
-processes behind the :class:`Host` seam and its files behind the :class:`HostFiles` seam.
+processes behind the :class:`Host` seam, its files behind the :class:`HostFiles` seam and
+pods' own cgroups behind the :class:`PodCgroups` seam.
 
     from crihook.hooks.node import Topology, parse_cpu_list, format_cpu_list, LinuxHost
 """
 
+from crihook.hooks.node.cgroups import LinuxPodCgroups, PodCgroups, PodLimits
 from crihook.hooks.node.cpulist import format_cpu_list, parse_cpu_list
 from crihook.hooks.node.files import DeviceNode, HostFiles, LinuxFiles, WouldBlock
-from crihook.hooks.node.host import Host, LinuxHost, cgroup_version, expand_slice
+from crihook.hooks.node.host import (
+    Host,
+    LinuxHost,
+    cgroup_version,
+    expand_slice,
+    pod_cgroup_path,
+)
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
 __all__ = [
@@ -16,7 +24,10 @@ __all__ = [
     "HostFiles",
     "LinuxFiles",
     "LinuxHost",
+    "LinuxPodCgroups",
     "NUMAMemory",
+    "PodCgroups",
+    "PodLimits",
     "Topology",
     "TopologyError",
     "WouldBlock",
@@ -24,4 +35,5 @@ __all__ = [
     "expand_slice",
     "format_cpu_list",
     "parse_cpu_list",
+    "pod_cgroup_path",
 ]

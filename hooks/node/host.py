@@ -32,6 +32,7 @@ __all__ = [
     "LinuxHost",
     "cgroup_version",
     "expand_slice",
+    "pod_cgroup_path",
 ]
 
 OOM_SCORE_ADJ_MIN = -1000
@@ -83,6 +84,17 @@ def expand_slice(slice_name: str) -> str:
     if not all(parts):  # leading/trailing/double dash
         raise ValueError(f"invalid systemd slice name: {slice_name!r}")
     return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def pod_cgroup_path(cgroup_parent: str) -> str:
+    """The pod cgroup's path relative to a hierarchy's root, from the sandbox's
+    `cgroup_parent` (either driver). ValueError when it is empty or climbs out."""
+    parent = cgroup_parent.strip("/")
+    if not parent or ".." in parent.split("/"):
+        raise ValueError(f"not a pod cgroup parent: {cgroup_parent!r}")
+    if parent.endswith(".slice") and "/" not in parent:
+        return expand_slice(parent).lstrip("/")
+    return parent
 
 
 class LinuxHost:
@@ -148,7 +160,7 @@ class LinuxHost:
             raise OSError(errno.EINVAL, f"malformed oom_score_adj {text!r} in {path}") from None
 
     def unlimit_cpu_quota(self, cgroup_parent: str) -> bool:
-        relative = self._pod_cgroup(cgroup_parent)
+        relative = pod_cgroup_path(cgroup_parent)
         if (self.cgroup_root / "cgroup.controllers").is_file():  # v2: "max <period>"
             path = self.cgroup_root / relative / "cpu.max"
             try:
@@ -163,14 +175,6 @@ class LinuxHost:
             if path.is_file():
                 return _write_existing(path, "-1")
         return False
-
-    def _pod_cgroup(self, cgroup_parent: str) -> str:
-        parent = cgroup_parent.strip("/")
-        if not parent or ".." in parent.split("/"):
-            raise ValueError(f"not a pod cgroup parent: {cgroup_parent!r}")
-        if parent.endswith(".slice") and "/" not in parent:
-            return expand_slice(parent).lstrip("/")
-        return parent
 
     def _hierarchies(self) -> list[Path]:
         # cgroup v2 (unified at the root): one tree. Otherwise (v1 or hybrid) the v1

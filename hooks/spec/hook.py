@@ -26,7 +26,7 @@ missed (a reconcile after a call with an unknown outcome).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,6 +39,7 @@ from crihook.hooks.spec.usage import PoolUsage
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
 if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the spec
+    from crihook.hooks.node.cgroups import PodCgroups
     from crihook.hooks.node.files import HostFiles
     from crihook.hooks.node.host import Host
     from crihook.hooks.node.topology import Topology
@@ -100,6 +101,12 @@ class SyncContext:
     files: HostFiles | None = None
     """The host's files (where a path leads, which device node is there), for hooks that
     check paths on the call path; None: the hook uses the real host's."""
+    cgroups: PodCgroups | None = None
+    """Pods' own cgroups, for hooks that write a pod's limits (a replay's notes the writes
+    and makes none); None: the hook writes no cgroup."""
+    exempt: Callable[[PodView], bool] = lambda pod: False
+    """Whether crihook's configuration exempts a pod (`HookContext.exempt` on calls), for
+    hooks that act on the pods they are given here."""
 
 
 class HookContext:
@@ -168,6 +175,13 @@ class HookContext:
             copy.CopyFrom(self._request)
             self._request_copy = copy
         return self._request_copy
+
+    def peek_request(self) -> Message:
+        """The request as adjusted so far, without the copy `request` makes: to read only
+        (changing it would change what the runtime gets, behind the merge). For a built-in
+        hook that reads a field on every call; a hook that may change what it reads takes
+        `request`."""
+        return self._request
 
     def request_bytes(self) -> bytes:
         """The request as adjusted so far, serialized: what an out-of-process plugin is sent

@@ -1,11 +1,13 @@
 """The koordinator hook in a real crihook in front of the lab's containerd, on this machine:
-what it decides is read back where it takes effect, in the containers' cgroup files (the lab
-VM has cgroup v1: /sys/fs/cgroup/<controller>/<pod cgroup>/<container id>/...).
+what it decides is read back where it takes effect, in the containers' cgroup files and the
+pod's own (the lab VM has cgroup v1: /sys/fs/cgroup/<controller>/<pod cgroup>/<container
+id>/...; the pod's checks read cgroup v2 files where the host has the unified tree).
 
 A BE pod is BestEffort for kubelet: without the hook its containers would run with 2 cpu
 shares, no CFS quota and no memory limit. Koordinator moved its requests and limits to
 `kubernetes.io/batch-cpu` / `batch-memory` in the extended resource spec annotation; the
-hook turns them into the container's cgroup limits, as koordlet does.
+hook turns them into the container's cgroup limits, and their sums into the pod cgroup's,
+as koordlet does.
 """
 
 from __future__ import annotations
@@ -58,6 +60,29 @@ def cgroup(controller: str, handle: PodHandle, cid: str, name: str) -> str:
     return path.read_text().strip()
 
 
+def pod_cgroup(handle: PodHandle) -> dict[str, str]:
+    """The pod's own cgroup limits, by their v1 names, read from either cgroup version."""
+    parent = handle.cgroup_parent.lstrip("/")
+    if (CGROUP / "cgroup.controllers").is_file():  # v2: one tree
+        quota, period = (CGROUP / parent / "cpu.max").read_text().split()
+        memory = (CGROUP / parent / "memory.max").read_text().strip()
+        return {
+            "cpu.cfs_quota_us": "-1" if quota == "max" else quota,
+            "cpu.cfs_period_us": period,
+            "cpu.weight": (CGROUP / parent / "cpu.weight").read_text().strip(),
+            "memory.limit_in_bytes": "-1" if memory == "max" else memory,
+        }
+    cpu = CGROUP / "cpu" / parent
+    return {
+        "cpu.cfs_quota_us": (cpu / "cpu.cfs_quota_us").read_text().strip(),
+        "cpu.cfs_period_us": (cpu / "cpu.cfs_period_us").read_text().strip(),
+        "cpu.shares": (cpu / "cpu.shares").read_text().strip(),
+        "memory.limit_in_bytes": (CGROUP / "memory" / parent / "memory.limit_in_bytes")
+        .read_text()
+        .strip(),
+    }
+
+
 def run(kubelet: KubeletClient, spec: PodSpec, cleanup: PodCleanup) -> PodHandle:
     try:
         return cleanup.add(kubelet.run_pod(spec))
@@ -95,6 +120,19 @@ def test_a_be_pod_gets_its_batch_limits_in_its_cgroups(
         assert cgroup("cpu", pod, helper, "cpu.cfs_quota_us") == "-1"
         assert cgroup("cpu", pod, helper, "cpu.shares") == "2"
         assert int(cgroup("memory", pod, helper, "memory.limit_in_bytes")) > 1 << 50
+        # The pod's own cgroup, which kubelet leaves unlimited for a BestEffort pod: the sums
+        # over the spec's containers (only `job`), as koordlet writes it.
+        shares = (
+            {"cpu.weight": "20"}
+            if (CGROUP / "cgroup.controllers").is_file()
+            else {"cpu.shares": "512"}
+        )
+        assert pod_cgroup(pod) == {
+            "cpu.cfs_quota_us": "150000",
+            "cpu.cfs_period_us": "100000",
+            "memory.limit_in_bytes": str(512 * MiB),
+            **shares,
+        }
 
         # kubelet re-sends the BestEffort resources: the limits stay.
         besteffort = api_pb2.LinuxContainerResources(cpu_shares=2, cpu_period=100_000)
@@ -104,6 +142,26 @@ def test_a_be_pod_gets_its_batch_limits_in_its_cgroups(
         assert cgroup("cpu", pod, job, "cpu.cfs_quota_us") == "150000"
         assert cgroup("cpu", pod, job, "cpu.shares") == "512"
         assert cgroup("memory", pod, job, "memory.limit_in_bytes") == str(512 * MiB)
+
+
+def test_a_restarted_crihook_writes_a_be_pods_cgroup_again(
+    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start
+) -> None:
+    """A pod cgroup set back (by hand here; a write that failed, or a pod made while crihook
+    was down) gets its batch limits again when crihook starts and learns the pod."""
+    proc = start_crihook()
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        pod = run(kubelet, be_pod("batch"), pod_cleanup)
+        assert pod_cgroup(pod)["cpu.cfs_quota_us"] == "150000"
+    proc.kill()
+    parent = pod.cgroup_parent.lstrip("/")
+    if (CGROUP / "cgroup.controllers").is_file():
+        (CGROUP / parent / "cpu.max").write_text("max 100000")
+    else:
+        (CGROUP / "cpu" / parent / "cpu.cfs_quota_us").write_text("-1")
+    assert pod_cgroup(pod)["cpu.cfs_quota_us"] == "-1"
+    start_crihook()  # a new state dir: it learns the pod from containerd; ready once synced
+    assert pod_cgroup(pod)["cpu.cfs_quota_us"] == "150000"
 
 
 def test_an_lsr_pod_runs_on_its_scheduler_cpu_and_ls_pods_move_off_it(

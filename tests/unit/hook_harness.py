@@ -17,7 +17,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import CPUInfo, NUMAMemory, Topology, parse_cpu_list
+from crihook.hooks.node import CPUInfo, NUMAMemory, PodLimits, Topology, parse_cpu_list
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import (
     Adjustment,
@@ -49,6 +49,7 @@ __all__ = [
     "NODE_MEMORY",
     "SMALL",
     "Created",
+    "FakeCgroups",
     "FakeHost",
     "FakeRuntime",
     "Node",
@@ -150,6 +151,21 @@ class FakeHost:
         return True
 
 
+class FakeCgroups:
+    """PodCgroups recording every write; `fail` names cgroup parents whose write fails, as a
+    read-only or full cgroupfs would (naming the file)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, PodLimits]] = []
+        self.fail: set[str] = set()
+
+    def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
+        if cgroup_parent in self.fail:
+            raise PermissionError(13, f"cannot open /fake/{cgroup_parent}/cpu.max: denied")
+        self.writes.append((cgroup_parent, limits))
+        return [f"/fake/{cgroup_parent}/cpu.max"]
+
+
 # --- the node ---------------------------------------------------------------------------------
 
 
@@ -180,6 +196,8 @@ class Node:
     state: MemoryState = field(default_factory=MemoryState)
     runtime: FakeRuntime = field(default_factory=FakeRuntime)
     host: FakeHost = field(default_factory=FakeHost)
+    cgroups: FakeCgroups | None = None
+    """The pod cgroups hooks may write (None: none, as SyncContext's default)."""
     pods: dict[str, PodView] = field(default_factory=dict)
     specs: dict[str, PodSpec] = field(default_factory=dict)
     containers: dict[str, ContainerView] = field(default_factory=dict)
@@ -202,6 +220,8 @@ class Node:
             reason=reason,
             topology_policy=self.policy,
             topology_scope=self.scope,
+            cgroups=self.cgroups,
+            exempt=lambda pod: pod.namespace in self.exempt_namespaces,
         )
         updates = list(await self.hook.synchronize(sync) or ())
         self._apply_updates(updates)

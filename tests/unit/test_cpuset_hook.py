@@ -264,8 +264,8 @@ async def test_exclusive_cpus_only_for_integer_cpus_of_guaranteed_pods(
     created = await node.create(p, container, "c1")
     if exclusive is None:
         assert cpuset(created.pre) == ONLINE  # the whole shared pool
-        assert state_keys(node, "c:") == ["c:c1"]
         assert pool_of(node).containers["c1"].cpus == frozenset()
+        assert state_keys(node, "c:") == []  # holding no CPUs: a restart adopts it
     else:
         assert cpuset(created.pre) == take_cpus(TOPO, ONLINE, exclusive)
         assert pool_of(node).containers["c1"].cpus == cpuset(created.pre)
@@ -377,7 +377,8 @@ async def test_stop_and_remove_give_cpus_back_to_the_running_shared_containers()
     assert await node.remove("e1") is None  # given back already
     assert updates(await node.remove("e2")) == [("s1", ONLINE)]
     assert await node.remove("s2") is None
-    assert state_keys(node, "c:") == ["c:s1"]
+    assert sorted(pool_of(node).containers) == ["s1"]
+    assert state_keys(node, "c:") == []  # e1 and e2 forgotten; s1 holds no CPUs
 
 
 async def test_remove_pod_gives_back_what_its_containers_held() -> None:
@@ -388,7 +389,8 @@ async def test_remove_pod_gives_back_what_its_containers_held() -> None:
     await node.create(e, guaranteed("x", 2000), "e1")
     await node.create(e, guaranteed("y", 2000), "e2")
     assert updates(await node.remove_pod("e")) == [("s1", ONLINE)]
-    assert state_keys(node, "c:") == ["c:s1"]
+    assert sorted(pool_of(node).containers) == ["s1"]
+    assert state_keys(node, "c:") == []
     assert await node.remove_pod("s") is None  # shared only: nothing to give back
     assert list(node.state.items()) == []
 
@@ -934,11 +936,14 @@ async def test_the_pool_survives_a_restart() -> None:
     await node.stop("s1")
     before = pool_of(node)
 
-    # A fresh pool on the same state rebuilds the same holders and bubbles.
+    # A fresh pool on the same state rebuilds the same holders of CPUs and bubbles (the
+    # containers holding none, s1 and the bubble's shared one, are the runtime's to tell).
     fresh = CpuPool(TOPO, frozenset(), node.state)
     assert fresh.load() == []
+    holding = {cid: h for cid, h in before.containers.items() if h.cpus}
+    assert sorted(before.containers.keys() - holding.keys()) == ["p1", "s1"]
     assert (fresh.containers, fresh.pending, fresh.bubbles) == (
-        before.containers,
+        holding,
         before.pending,
         before.bubbles,
     )
@@ -946,7 +951,8 @@ async def test_the_pool_survives_a_restart() -> None:
     assert fresh.shared_pool() == before.shared_pool()
     assert fresh.bubble_shared_pool("b") == before.bubble_shared_pool("b")
 
-    # And a fresh hook on it (crihook restarted) finds nothing to repair.
+    # And a fresh hook on it (crihook restarted) adopts the others as they were, and finds
+    # nothing to repair.
     restarted = Node(CpusetHook({}), TOPO, scope="pod", state=node.state)
     restarted.pods, restarted.containers, restarted.states = node.pods, node.containers, node.states
     assert await restarted.sync() == []
@@ -963,6 +969,46 @@ async def test_unreadable_state_entries_are_dropped() -> None:
     assert sorted(pool.load()) == ["c:bad", "r:bad", "stray"]
     assert sorted(k for k, _ in state.items()) == ["c:ok"]
     assert pool.held() == {1}
+
+
+def test_the_pools_asked_on_every_call_follow_every_change_of_hands() -> None:
+    """The node pools are kept between calls (`node_pool_text`); any CPU changing hands,
+    a bubble included, gives the new ones; a container without CPUs changes nothing."""
+    pool = CpuPool(TOPO, frozenset({0}), MemoryState(), strict_reservation=True)
+    lsr = Holder("p", "a", 0, "regular", frozenset({2, 3}), scheduled=True, be_shares=True)
+    lse = Holder("q", "a", 0, "regular", frozenset({4}), scheduled=True)
+    steps: list[tuple[str, Any]] = [
+        ("start", None),
+        ("shared container", lambda: pool.record("s1", Holder("r", "s", 0, "regular"))),
+        ("LSR reserved", lambda: pool.reserve("p/a/0", lsr)),
+        ("LSR confirmed", lambda: pool.confirm("p/a/0", "c1")),
+        ("LSE recorded", lambda: pool.record("c2", lse)),
+        ("LSE stopped", lambda: pool.stop("c2")),
+        ("bubble", lambda: pool.reserve_bubble("u", frozenset({5, 6}))),
+        ("bubble dropped", lambda: pool.drop_bubble("uid:u")),
+        ("LSR released", lambda: pool.release("c1")),
+    ]
+    seen = []
+    for what, change in steps:
+        if change is not None:
+            change()
+        shared, be = pool.node_pool_text("shared"), pool.node_pool_text("be")
+        assert (parse_cpu_list(shared), parse_cpu_list(be)) == (
+            pool.shared_pool(),
+            pool.be_pool(),
+        ), what
+        seen.append((what, shared, be))
+    assert seen == [
+        ("start", "1-15", "1-15"),
+        ("shared container", "1-15", "1-15"),
+        ("LSR reserved", "1,4-15", "1-15"),
+        ("LSR confirmed", "1,4-15", "1-15"),
+        ("LSE recorded", "1,5-15", "1-3,5-15"),
+        ("LSE stopped", "1,4-15", "1-15"),
+        ("bubble", "1,4,7-15", "1-4,7-15"),
+        ("bubble dropped", "1,4-15", "1-15"),
+        ("LSR released", "1-15", "1-15"),
+    ]
 
 
 def container(qos: QoSClass, request: int | None, limit: int | None) -> ContainerView:

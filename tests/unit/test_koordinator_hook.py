@@ -14,7 +14,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.koordinator import KoordinatorHook
-from crihook.hooks.node import format_cpu_list, parse_cpu_list
+from crihook.hooks.node import PodLimits, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import (
     Adjustment,
     ContainerState,
@@ -31,6 +31,7 @@ from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.hook_harness import (
     GIB,
     SMALL,
+    FakeCgroups,
     Node,
     besteffort,
     burstable,
@@ -324,6 +325,118 @@ async def test_with_the_batch_cfs_quota_off_be_pods_get_none() -> None:
     assert value(a, Field.MEMORY_LIMIT) == 2 * GIB
 
 
+# --- the BE pod's own cgroup ----------------------------------------------------------------------
+
+
+async def cgroup_node(options: dict[str, Any] | None = None) -> Node:
+    node = Node(KoordinatorHook(options or {}), TOPO, cgroups=FakeCgroups())
+    await node.sync()
+    return node
+
+
+def writes(node: Node) -> list[tuple[str, PodLimits]]:
+    assert node.cgroups is not None
+    return node.cgroups.writes
+
+
+async def test_a_be_pods_own_cgroup_gets_the_sums_once_the_runtime_made_it() -> None:
+    node = await cgroup_node()
+    half = {"requests": {"kubernetes.io/batch-cpu": "250"}, "limits": BATCH["limits"]}
+    spec = koord("be", besteffort("a"), besteffort("b"), qos="BE", batch={"a": BATCH, "b": half})
+    await sandbox_pre(node, spec)
+    assert writes(node) == []  # not before the runtime made the sandbox (and its cgroup)
+    pod = await run(node, spec)
+    # shares from 500 + 250 milli-cores; quota from 1000 + 1000; memory 2Gi + 2Gi.
+    assert writes(node) == [
+        (
+            pod.cgroup_parent,
+            PodLimits(
+                cpu_shares=768,
+                cpu_quota_us=200_000,
+                cpu_period_us=100_000,
+                memory_limit_bytes=4 * GIB,
+            ),
+        )
+    ]
+    assert pod.cgroup_parent.startswith("/kubepods/besteffort/pod")
+
+
+async def test_a_be_pod_with_an_unlimited_container_gets_an_unlimited_cgroup() -> None:
+    node = await cgroup_node({"batch_cfs_quota": False})
+    b = {"requests": {"kubernetes.io/batch-cpu": "250"}}
+    pod = await run(node, koord("be", besteffort("a"), qos="BE", batch={"a": BATCH, "b": b}))
+    assert writes(node) == [
+        (pod.cgroup_parent, PodLimits(cpu_shares=768, cpu_quota_us=-1, memory_limit_bytes=-1))
+    ]
+
+
+@pytest.mark.parametrize(
+    "kind", ["ls", "be-without-spec", "skip-label", "exempt", "unlabelled-besteffort"]
+)
+async def test_pods_koordlet_leaves_alone_get_no_cgroup_write(kind: str) -> None:
+    node = await cgroup_node()
+    node.exempt_namespaces = frozenset({"kube-system"})
+    spec = {
+        "ls": koord("ls", burstable("a"), qos="LS", batch={"a": BATCH}),
+        "be-without-spec": koord("be", besteffort("a"), qos="BE"),
+        "skip-label": koord(
+            "k", besteffort("a"), qos="BE", batch={"a": BATCH}, labels={SKIP: "true"}
+        ),
+        "exempt": koord("dns", besteffort("a"), qos="BE", batch={"a": BATCH}),
+        "unlabelled-besteffort": koord("be", besteffort("a"), batch={"a": BATCH}),
+    }[kind]
+    if kind == "exempt":
+        spec.namespace = "kube-system"
+    await run(node, spec)
+    await node.sync("reconcile")
+    assert writes(node) == []
+
+
+async def test_a_failed_write_is_logged_counted_and_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = await cgroup_node()
+    assert node.cgroups is not None
+    spec = koord("be", besteffort("a"), besteffort("b"), qos="BE", batch={"a": BATCH})
+    parent = node.sandbox_config(spec).linux.cgroup_parent
+    node.cgroups.fail.add(parent)
+    pod = await run(node, spec)  # the call goes on: the runtime made the sandbox
+    hook = node.hook
+    assert hook.pod_cgroup_failures == 1  # type: ignore[attr-defined]
+    assert f"/fake/{parent}/cpu.max" in caplog.text  # the file, and why
+    assert "denied" in caplog.text
+    assert writes(node) == []
+    await node.create(pod, besteffort("a"), "a1")  # still failing: counted again
+    assert hook.pod_cgroup_failures == 2  # type: ignore[attr-defined]
+    node.cgroups.fail.clear()
+    await node.create(pod, besteffort("b"), "b1")  # the pod's next container: tried again
+    assert [p for p, _ in writes(node)] == [parent]
+    await node.create(pod, besteffort("c"), "c1")  # written: not again
+    assert [p for p, _ in writes(node)] == [parent]
+
+
+async def test_a_restart_writes_every_be_pods_cgroup_again() -> None:
+    node = await start()  # no cgroups seam: nothing written
+    spec = koord("be", besteffort("a"), qos="BE", batch={"a": BATCH})
+    pod = await run(node, spec)
+    exempt = koord("dns", besteffort("a"), qos="BE", batch={"a": BATCH})
+    exempt.namespace = "kube-system"
+    node.add_pod(exempt, "dns")  # learnt from the runtime
+    learnt = node.add_pod(koord("late", besteffort("a"), qos="BE", batch={"a": BATCH}), "late")
+    node.add_pod(koord("ls", burstable("a"), qos="LS"), "ls")
+
+    restarted = Node(
+        KoordinatorHook({}),
+        TOPO,
+        state=node.state,
+        cgroups=FakeCgroups(),
+        exempt_namespaces=frozenset({"kube-system"}),
+    )
+    restarted.pods, restarted.specs = node.pods, node.specs
+    await restarted.sync()
+    assert [p for p, _ in writes(restarted)] == [pod.cgroup_parent, learnt.cgroup_parent]
+
+
 async def test_kubelets_update_does_not_undo_what_the_hook_set() -> None:
     node = await start()
     await workload(node)
@@ -396,7 +509,7 @@ async def test_a_skipped_pod_gets_nothing_of_koordinators_but_is_placed_and_coun
     pod = await run(node, spec)
     created = await node.create(pod, besteffort("k"), "k1")
     assert dict(created.pre.changes) == {(Field.CPUSET_CPUS, ""): format_cpu_list(ONLINE)}  # type: ignore[union-attr]
-    assert "c:k1" in dict(node.state.items())  # it counts: it follows the pool
+    assert "k1" in node.hook.ledger.pool.containers  # type: ignore[attr-defined]  # it counts
     lse = await run(node, lsr("lse", "4-5", qos="LSE"))
     moved = await node.create(lse, guaranteed("r", 2000), "e1")
     assert updated(moved.pre)["k1"] == ONLINE - {4, 5}
@@ -414,7 +527,7 @@ async def test_a_pod_crihook_exempts_is_skipped_like_the_label_says() -> None:
     created = await node.create(pod, besteffort("d"), "d1")
     # Placed on the BE pool and counted, but no batch values.
     assert dict(created.pre.changes) == {(Field.CPUSET_CPUS, ""): format_cpu_list(ONLINE)}  # type: ignore[union-attr]
-    assert "c:d1" in dict(node.state.items())
+    assert "d1" in node.hook.ledger.pool.containers  # type: ignore[attr-defined]
     # The same pod outside the exempt namespace gets its batch values.
     spec.namespace = "default"
     assert value(await sandbox_pre(node, spec), Field.CPU_QUOTA) == 100_000
