@@ -171,24 +171,31 @@ class ContainerRecord:
 
 
 class HookStateStore:
-    """One hook's private key-value namespace (JSON values), persisted with the store."""
+    """One hook's private key-value namespace (JSON values), persisted with the store. Each
+    value is encoded once, when it is set: the journal line and the checkpoint join the
+    encodings instead of encoding the state again."""
 
     def __init__(self, name: str, data: dict[str, Any], on_change: Any) -> None:
         self.name = name
         self._data = data
+        self._json: dict[str, str] = {}
+        """Key → its value's JSON; a key missing here (loaded from disk) is encoded lazily."""
         self._on_change = on_change
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._data.get(key, default)
 
     def set(self, key: str, value: Any) -> None:
-        json.dumps(value)  # refuse what cannot be persisted, at the hook's call site
+        # Encoded here: what cannot be persisted is refused at the hook's call site.
+        encoded = json.dumps(value, sort_keys=True, separators=(",", ":"))
         self._data[key] = value
+        self._json[key] = encoded
         self._on_change(self.name, key)
 
     def delete(self, key: str) -> None:
         if key in self._data:
             del self._data[key]
+            self._json.pop(key, None)
             self._on_change(self.name, key)
 
     def items(self) -> Iterator[tuple[str, Any]]:
@@ -197,16 +204,31 @@ class HookStateStore:
     def to_dict(self) -> dict[str, Any]:
         return dict(self._data)
 
-    def changes(self, keys: Iterable[str]) -> dict[str, Any]:
-        """A journal entry for `keys`: their values now, and those no longer set."""
-        entry: dict[str, Any] = {}
+    def encoded(self) -> bytes:
+        """The whole state as a JSON object (keys sorted), for its state file."""
+        pairs = ",".join(f"{json.dumps(k)}:{self._value(k)}" for k in sorted(self._data))
+        return f"{{{pairs}}}".encode()
+
+    def changes(self, keys: Iterable[str]) -> str:
+        """A journal entry for `keys`, as JSON: their values now (`set`), and those no
+        longer set (`delete`)."""
+        present = sorted(k for k in keys if k in self._data)
         gone = sorted(k for k in keys if k not in self._data)
-        values = {k: self._data[k] for k in keys if k in self._data}
-        if values:
-            entry["set"] = values
+        parts = []
+        if present:
+            values = ",".join(f"{json.dumps(k)}:{self._value(k)}" for k in present)
+            parts.append(f'"set":{{{values}}}')
         if gone:
-            entry["delete"] = gone
-        return entry
+            parts.append(f'"delete":{json.dumps(gone, separators=(",", ":"))}')
+        return f"{{{','.join(parts)}}}"
+
+    def _value(self, key: str) -> str:
+        encoded = self._json.get(key)
+        if encoded is None:
+            encoded = self._json[key] = json.dumps(
+                self._data[key], sort_keys=True, separators=(",", ":")
+            )
+        return encoded
 
 
 def journal_name(gen: int) -> str:
@@ -679,10 +701,7 @@ class Store:
                 await self._append_journal()  # raises before anything is taken
                 covered = self._journal_gen  # the state files written now hold all it has
                 self._journal_gen += 1
-                hooks = {
-                    n: json.dumps(self._hook_states[n].to_dict(), sort_keys=True).encode()
-                    for n in names
-                }
+                hooks = {n: self._hook_states[n].encoded() for n in names}
         self._dirty_store = self._dirty_store and store is None
         self._dirty_hooks = set()
         try:
@@ -722,9 +741,12 @@ class Store:
         through = self._hook_changes
         taken = self._unjournaled
         if taken:
-            line = {name: self._hook_states[name].changes(keys) for name, keys in taken.items()}
+            entries = ",".join(
+                f"{json.dumps(name)}:{self._hook_states[name].changes(keys)}"
+                for name, keys in sorted(taken.items())
+            )
             path = self.state_dir / HOOKS_DIR / journal_name(self._journal_gen)
-            data = json.dumps(line, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+            data = f"{{{entries}}}\n".encode()
             self._unjournaled = {}
             try:
                 if self.journal_in_thread:
