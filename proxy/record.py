@@ -54,6 +54,9 @@ MAX_PENDING = 10_000
 MAX_BUFFERED = 16 << 20
 """Bytes waiting in crihook for the renderer's pipe; past this items are dropped and
 counted, so crihook's memory stays bounded when the renderer gets no CPU."""
+FLUSH_SECONDS = 0.01
+"""Frames are written to the renderer's pipe together, this often: one write (and at most
+one wake-up of the renderer) for the calls of 10 ms, not one per call."""
 STOP_SECONDS = 60
 """At close, how long the renderer may take to write what it holds."""
 Line = dict[str, Any]
@@ -189,7 +192,7 @@ class Recorder:
         kind, payload = item
         try:
             if kind == "call":
-                payload = call_record(payload)
+                payload = tuple(call_record(payload))
             encoded = frame(dumps((kind, payload)))
         except Exception:
             self.encode_failures += 1
@@ -374,6 +377,10 @@ class _Worker(asyncio.SubprocessProtocol):
         self.answered_once = False
         self._sent: collections.deque[_Weight] = collections.deque()
         """Per frame sent and not answered: what it stands for."""
+        self._out: list[bytes] = []
+        """Frames to write at the next flush."""
+        self._out_bytes = 0
+        self._flush: asyncio.TimerHandle | None = None
         self._input = bytearray()
         self._exited = False
         self._stdout_closed = False
@@ -406,12 +413,27 @@ class _Worker(asyncio.SubprocessProtocol):
         return self.stdin is not None and not self.stdin.is_closing()
 
     def send(self, encoded: bytes, weight: _Weight) -> None:
-        assert self.stdin is not None
-        self.stdin.write(encoded)  # never blocks: what the pipe does not take is buffered
+        self._out.append(encoded)
+        self._out_bytes += len(encoded)
         self._sent.append(weight)
+        if self._flush is None:
+            loop = asyncio.get_running_loop()
+            self._flush = loop.call_at(loop.time() + FLUSH_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        """Write the frames sent since the last flush."""
+        self._flush = None
+        if self._out and self.stdin is not None and not self.stdin.is_closing():
+            # Never blocks: what the pipe does not take waits in the transport's buffer.
+            self.stdin.write(b"".join(self._out))
+        self._out.clear()
+        self._out_bytes = 0
 
     def buffered(self) -> int:
-        return self.stdin.get_write_buffer_size() if self.stdin is not None else 0
+        """Bytes sent and not taken by the pipe yet."""
+        if self.stdin is None:
+            return self._out_bytes
+        return self._out_bytes + self.stdin.get_write_buffer_size()
 
     def taken(self, count: int) -> None:
         self.answered_once = True
@@ -429,6 +451,9 @@ class _Worker(asyncio.SubprocessProtocol):
         """EOF: it writes what it read, then exits (killed if it is stuck)."""
         self.closing = True
         assert self._ended is not None
+        if self._flush is not None:
+            self._flush.cancel()
+        self.flush()
         if self.stdin is not None:
             with contextlib.suppress(OSError):
                 self.stdin.close()  # after what is buffered
@@ -463,6 +488,9 @@ class _Worker(asyncio.SubprocessProtocol):
         if self._ended.done():
             return
         assert self.transport is not None
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         self.returncode = self.transport.get_returncode()
         self.transport.close()
         self._ended.set_result(None)

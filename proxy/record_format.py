@@ -51,6 +51,7 @@ from crihook.proxy.render import changes, render
 __all__ = [
     "FORMAT",
     "UNCHANGED",
+    "AdjustmentRecord",
     "CallRecord",
     "call_line",
     "call_record",
@@ -175,7 +176,8 @@ def container_label(container: ContainerView | None) -> str:
 class CallRecord(NamedTuple):
     """What a call line is rendered from: an `Outcome` cut down to plain values (strings,
     bytes, numbers and the hooks' answers), so that the event loop hands the renderer a small
-    pickle, not the views and enums the call carried."""
+    pickle, not the views and enums the call carried. (It crosses as a plain tuple,
+    `tuple(record)`, and is remade with `CallRecord._make`: named tuples pickle slower.)"""
 
     seq: int
     started: float
@@ -195,9 +197,36 @@ class CallRecord(NamedTuple):
     status: Status | None
     status_origin: str
     hooks: tuple[tuple[Any, ...], ...]
-    """HookRun fields, the stage as its value."""
+    """Per hook run: hook, stage (its value), verdict, detail, answer, seconds; an
+    Adjustment answer as its changes and updates in two more fields (answer None):
+    `(hook, stage, verdict, detail, None, seconds, changes, updates)`."""
     updates: Sequence[SentUpdate]
     observed: Sequence[Observation]
+
+
+class AdjustmentRecord(NamedTuple):
+    """An Adjustment as a call record carries it: its changes and updates, as they are
+    (pickling the Adjustment itself costs twice as much)."""
+
+    changes: tuple[tuple[Any, Any], ...]
+    updates: tuple[Any, ...]
+
+
+def _run_record(run: tuple[Any, ...]) -> tuple[Any, ...]:
+    hook, stage, verdict, detail, answer, seconds = run
+    if type(answer) is Adjustment:
+        changes = tuple(answer.change_items())
+        return (hook, stage.value, verdict, detail, None, seconds, changes, answer.updates)
+    return (hook, stage.value, verdict, detail, answer, seconds)
+
+
+def _run_of(run: tuple[Any, ...]) -> HookRun:
+    if len(run) == 8:
+        *fields, changes, updates = run
+        fields[4] = AdjustmentRecord(changes, updates)
+        run = tuple(fields)
+    hook, stage, verdict, detail, answer, seconds = run
+    return HookRun(hook, Stage(stage), verdict, detail, answer, seconds)
 
 
 def call_record(outcome: Outcome) -> CallRecord:
@@ -221,7 +250,7 @@ def call_record(outcome: Outcome) -> CallRecord:
         outcome.response,
         outcome.status,
         outcome.status_origin,
-        tuple((h, s.value, v, d, a, t) for h, s, v, d, a, t in outcome.trace or ()),
+        tuple([_run_record(run) for run in outcome.trace or ()]),
         outcome.updates,
         outcome.observed or (),
     )
@@ -257,8 +286,7 @@ def call_line(outcome: Outcome | CallRecord, redactor: Redactor) -> dict[str, An
         None if call.response is None else message_doc(call.response, spec.response, redactor)
     )
     line["status"] = status_doc(call.status, call.status_origin)
-    runs = [HookRun(h, Stage(s), v, d, a, t) for h, s, v, d, a, t in call.hooks]
-    line["hooks"] = hook_docs(runs, redactor)
+    line["hooks"] = hook_docs([_run_of(run) for run in call.hooks], redactor)
     line["updates"] = update_docs(call.updates)
     line["observed"] = observation_docs(call.observed)
     return line
@@ -343,8 +371,10 @@ def hook_docs(runs: Sequence[HookRun], redactor: Redactor) -> list[dict[str, Any
 
 def _answer(answer: Any, redactor: Redactor) -> Any:
     if isinstance(answer, Adjustment):
+        answer = AdjustmentRecord(tuple(answer.change_items()), answer.updates)
+    if isinstance(answer, AdjustmentRecord):
         changes: dict[str, Any] = {}
-        for key, value in answer.change_items():
+        for key, value in answer.changes:
             shown = jsonable(value)
             if key[0] is Field.ENV:
                 shown = redactor.env_value(shown)

@@ -12,11 +12,11 @@ takes only CPU that crihook and the runtime leave idle:
 
 A frame is a 4-byte big-endian length and a pickle. The first frame in is the settings
 (redaction, file, bound); every later one is `(kind, payload)` as the Recorder queued it:
-`header`, `call` (a CallRecord), `passthrough`, `line`, `part` (a header and a snapshot) or
-`lost` (how many lines crihook lost). After each batch written, it answers one frame
-`(taken, stats, ask)`: how many frames it took, its counters (`RecordFile.stats`, and
-`encode_failures`), and whether it wants a new part. EOF on stdin ends the process once
-everything read is written (and fsynced).
+`header`, `call` (a CallRecord, as a plain tuple), `passthrough`, `line`, `part` (a header
+and a snapshot) or `lost` (how many lines crihook lost). After each batch written, it
+answers one frame `(taken, stats, ask)`: how many frames it took, its counters
+(`RecordFile.stats`, and `encode_failures`), and whether it wants a new part. EOF on stdin
+ends the process once everything read is written (and fsynced).
 """
 
 from __future__ import annotations
@@ -109,7 +109,12 @@ def split_frames(buffer: bytearray, limit: int) -> list[bytes]:
 
 def encode_item(kind: str, payload: Any, redactor: Any) -> Any:
     """What the file takes for one queued item (None: it cannot be rendered)."""
-    from crihook.proxy.record_format import call_line, encode_line, passthrough_line
+    from crihook.proxy.record_format import (
+        CallRecord,
+        call_line,
+        encode_line,
+        passthrough_line,
+    )
 
     if kind == "lost":  # a count, not a line
         return payload
@@ -117,7 +122,7 @@ def encode_item(kind: str, payload: Any, redactor: Any) -> Any:
         header, snapshot = payload
         return encode_line(header), encode_line(snapshot)
     if kind == "call":
-        return encode_line(call_line(payload, redactor))
+        return encode_line(call_line(CallRecord._make(payload), redactor))
     if kind == "passthrough":
         seq, path, request, response, status, started = payload
         return encode_line(
