@@ -71,11 +71,16 @@ def _told(count: int) -> _Weight:
     return (0, count)  # counted already
 
 
+_ALWAYS = ("header", "part")
+"""Items queued past the bound: without them the file cannot resume."""
 _COUNTERS = ("lines", "bytes", "dropped", "write_failures", "rotations", "encode_failures")
 
 
 class Recorder:
     """Has `settings.file` written by a renderer process.
+
+    At most `max_pending` items wait for it (`max_buffered` bytes of them in crihook);
+    past that, lines are dropped and counted (a header or a new part never is).
 
     `header()` builds the header line (called at start and for each new part, on the loop);
     `snapshot()` the snapshot line a new part starts with; `quiesced()` holds new calls
@@ -88,6 +93,8 @@ class Recorder:
         snapshot: Callable[[int], Line],
         quiesced: Callable[[], AbstractAsyncContextManager[None]],
         next_seq: Callable[[], int],
+        max_pending: int = MAX_PENDING,
+        max_buffered: int = MAX_BUFFERED,
     ) -> None:
         if settings.file is None:
             raise ValueError("a Recorder needs [record] file")
@@ -100,6 +107,8 @@ class Recorder:
         self._snapshot = snapshot
         self._quiesced = quiesced
         self._next_seq = next_seq
+        self._max_pending = max_pending
+        self._max_buffered = max_buffered
         self._items: collections.deque[Any] = collections.deque()
         """What calls handed over, not encoded yet."""
         self._encoding = False
@@ -160,16 +169,20 @@ class Recorder:
         self._put(("line", line))
 
     def _put(self, item: Any) -> None:
-        worker = self._worker
-        if self.backlog() >= MAX_PENDING or (
-            worker is not None and worker.buffered() > MAX_BUFFERED
-        ):
+        if item[0] not in _ALWAYS and self._behind():
             self._lost(1)
             return
         self._items.append(item)
         if not self._encoding and self._loop is not None:
             self._encoding = True
             self._loop.call_soon(self._encode_next)
+
+    def _behind(self) -> bool:
+        """The backlog is at its bound: the renderer fell behind."""
+        worker = self._worker
+        return self.backlog() >= self._max_pending or (
+            worker is not None and worker.buffered() > self._max_buffered
+        )
 
     def _lost(self, count: int) -> None:
         self._dropped += count
@@ -247,6 +260,8 @@ class Recorder:
         self._stats = stats
         if ask and not self._closing:
             self._start_part()
+        if self._untold and worker.running():  # it caught up: it marks the gap and resumes
+            self._tell(worker)
 
     def _gone(self, worker: _Worker) -> None:
         """The renderer ended: what it held unwritten is lost (when it was not asked to end,

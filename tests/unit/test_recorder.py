@@ -238,3 +238,56 @@ async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_go
     assert kinds == ["header", "sync", "call", "gap", "header", "snapshot", "call", "call"]
     assert json.loads(path.read_text().splitlines()[3])["dropped"] == 3
     assert [s.line for s in read_recording(path).segments] == [1, 5]
+
+
+async def test_a_renderer_that_falls_behind_bounds_the_backlog_then_marks_the_gap(
+    tmp_path: Path,
+) -> None:
+    """A renderer that gets no CPU (here: stopped) never holds calls back: past the bound,
+    lines are dropped and counted; once it catches up, the file shows the gap and goes on
+    from a new header and snapshot."""
+    path = tmp_path / "rec.jsonl"
+    seqs = iter(range(1000, 100000))
+    rec = Recorder(
+        RecordSettings(file=path),
+        header,
+        lambda seq: {**sync(seq), "kind": "snapshot", "reason": "rotate"},
+        no_calls,
+        lambda: next(seqs),
+        max_pending=4,
+    )
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    worker = rec._worker
+    assert worker is not None and worker.transport is not None
+    pid = worker.transport.get_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for seq in range(3, 13):  # 3 to 6 wait for it; 7 to 12 are dropped
+            rec.call(outcome(seq))
+            await asyncio.sleep(0.02)
+        assert rec.backlog() == 4
+        assert rec.status()["dropped"] == 6
+        assert rec.status()["lines"] == 3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await _settled(rec, lines=7)
+    for _ in range(500):  # it asks for a new part; the loop takes the snapshot
+        if rec.status()["lines"] >= 10:
+            break
+        await asyncio.sleep(0.01)
+    for seq in (13, 14):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    await rec.close()
+
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["header", "sync"] + ["call"] * 5 + ["gap", "header", "snapshot"] + ["call"] * 2
+    assert [d["seq"] for d in docs if d["kind"] == "call"] == [2, 3, 4, 5, 6, 13, 14]
+    assert docs[7]["dropped"] == 6
+    assert rec.status()["dropped"] == 6
+    assert rec.status()["renderer_restarts"] == 0
+    assert [s.line for s in read_recording(path).segments] == [1, 9]
