@@ -485,7 +485,9 @@ class _Worker(asyncio.SubprocessProtocol):
         assert fd == 1 and isinstance(data, bytes)
         self._input += data
         for payload in split_frames(self._input, 1 << 30):
-            taken, stats, ask = pickle.loads(payload)
+            taken, stats, ask, logs = pickle.loads(payload)
+            for level, message in logs:  # the renderer's log lines, as crihook's own
+                log.log(level, "%s", message)
             self.recorder._answered(self, taken, stats, ask)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:

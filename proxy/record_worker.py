@@ -14,9 +14,10 @@ A frame is a 4-byte big-endian length and a pickle. The first frame in is the se
 (redaction, file, bound); every later one is `(kind, payload)` as the Recorder queued it:
 `header`, `call` (a CallRecord, as a plain tuple), `passthrough`, `line`, `part` (a header
 and a snapshot) or `lost` (how many lines crihook lost). After each batch written, it
-answers one frame `(taken, stats, ask)`: how many frames it took, its counters
-(`RecordFile.stats`, and `encode_failures`), and whether it wants a new part. EOF on stdin
-ends the process once everything read is written (and fsynced).
+answers one frame `(taken, stats, ask, logs)`: how many frames it took, its counters
+(`RecordFile.stats`, and `encode_failures`), whether it wants a new part, and what it logged
+(level, message), which crihook logs as its own (in its format, to its destination). EOF on
+stdin ends the process once everything read is written (and fsynced).
 """
 
 from __future__ import annotations
@@ -175,7 +176,9 @@ def main() -> int:
     from crihook.proxy.record_file import RecordFile
     from crihook.proxy.redact import Redactor
 
-    logging.basicConfig(level=logging.WARNING, format="crihook record_worker: %(message)s")
+    logs = _Collected()
+    logging.getLogger().addHandler(logs)
+    logging.getLogger().setLevel(logging.INFO)
     # crihook's stop signals reach this process too (same process group, same cgroup): it
     # ends when crihook closes its stdin, after writing what crihook sent, never earlier.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -203,22 +206,35 @@ def main() -> int:
             except Exception:  # a bug: that call went through; its line is lost (and counted)
                 failures += 1
                 if failures == 1:
-                    log.exception("a %s line could not be rendered (counted from now on)", kind)
+                    log.exception("recording: a %s line could not be rendered (counted)", kind)
                 encoded = None
             items.append((kind if kind in ("header", "part", "lost") else "line", encoded))
         out.take(items)
-        if not _answer(stdout, len(frames), out, failures):
+        if not _answer(stdout, len(frames), out, failures, logs):
             return 0  # crihook is gone: nobody to answer
     out.close()
-    _answer(stdout, 0, out, failures)
+    _answer(stdout, 0, out, failures, logs)
     return 0
 
 
-def _answer(stdout: IO[bytes], taken: int, out: Any, failures: int) -> bool:
+class _Collected(logging.Handler):
+    """What this process logs, for crihook to log with its next answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelno, self.format(record)))
+
+
+def _answer(stdout: IO[bytes], taken: int, out: Any, failures: int, logs: _Collected) -> bool:
     stats = {**out.stats(), "encode_failures": failures}
     ask, out.asking = out.asking, False
+    answer = (taken, stats, ask, logs.records)
+    logs.records = []
     try:
-        write_frame(stdout, pickle.dumps((taken, stats, ask), protocol=pickle.HIGHEST_PROTOCOL))
+        write_frame(stdout, pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
         stdout.flush()
     except BrokenPipeError:
         return False

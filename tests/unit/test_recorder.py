@@ -71,7 +71,9 @@ async def test_calls_become_lines_after_the_header(tmp_path: Path) -> None:
     assert read_recording(path).calls == 2
 
 
-async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -> None:
+async def test_a_disk_that_fails_drops_and_counts_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "rec.jsonl"
     rec = recorder(path)
     rec.start()
@@ -109,6 +111,11 @@ async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -
     assert rec.status()["failing_since"] is None
     recording = read_recording(path)
     assert [s.line for s in recording.segments] == [1, gap_at + 2]
+    # The renderer's log lines are crihook's own (its logger, its format), once each.
+    logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    failing = [m for m in logged if "cannot write" in m[2]]
+    assert len(failing) == 1 and failing[0][:2] == ("crihook.proxy.record", "ERROR")
+    assert any("works again" in m[2] for m in logged)
 
 
 async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
