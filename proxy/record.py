@@ -114,18 +114,9 @@ class Recorder:
         self._encoding = False
         self._waiting: collections.deque[tuple[bytes, _Weight]] = collections.deque()
         """Encoded frames (and what each stands for) while no renderer is running."""
-        self._settings_frame = frame(
-            dumps(
-                (
-                    settings.redact_annotations,
-                    settings.redact_values,
-                    not settings.secrets,
-                    str(settings.file),
-                    settings.max_bytes,
-                    settings.keep,
-                )
-            )
-        )
+        self._whole = False
+        """The file is whole up to the last line the last renderer wrote: a new one goes on
+        in the same part (at start, the header comes first)."""
         self._worker: _Worker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rotation: asyncio.Task[None] | None = None
@@ -239,6 +230,22 @@ class Recorder:
         self._worker = worker
         worker.task = self._loop.create_task(worker.start(), name="crihook-recorder-renderer")
 
+    def _settings_frame(self) -> bytes:
+        settings = self.settings
+        return frame(
+            dumps(
+                (
+                    settings.redact_annotations,
+                    settings.redact_values,
+                    not settings.secrets,
+                    str(settings.file),
+                    settings.max_bytes,
+                    settings.keep,
+                    self._whole,
+                )
+            )
+        )
+
     def _started(self, worker: _Worker) -> None:
         """The renderer runs: what waited for it goes now."""
         while self._waiting and self._worker is worker:
@@ -267,6 +274,7 @@ class Recorder:
         """The renderer ended: what it held unwritten is lost (when it was not asked to end,
         a new one is started for what comes next)."""
         lost, untold = worker.unanswered()
+        self._whole = self._stats.get("resuming") is False
         for key in _COUNTERS:
             self._done[key] += self._stats.get(key, 0)
         self._done["last_error"] = self._stats.get("last_error", self._done.get("last_error"))
@@ -419,7 +427,7 @@ class _Worker(asyncio.SubprocessProtocol):
             return
         # (uvloop's pipe transports do not derive from asyncio's classes)
         stdin = cast("asyncio.WriteTransport", transport.get_pipe_transport(0))
-        stdin.write(self.recorder._settings_frame)
+        stdin.write(self.recorder._settings_frame())
         self.transport, self.stdin = transport, stdin
         self.recorder._started(self)
 

@@ -38,7 +38,7 @@ class RecordFile:
     """Appends rendered lines to `path`; `asking` is set when a new part (a header and a
     snapshot, from crihook) is wanted, and cleared by whoever passes the question on."""
 
-    def __init__(self, path: Path, max_bytes: int, keep: int) -> None:
+    def __init__(self, path: Path, max_bytes: int, keep: int, whole: bool = False) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
@@ -57,8 +57,9 @@ class RecordFile:
         self._part_asked = False
         self._lost = 0
         """Lines lost since the file was last whole: the gap line says how many."""
-        self._resuming = True
-        """Lines are dropped until a header (at start) or a header and a snapshot are written."""
+        self._resuming = not whole
+        """Lines are dropped until a header (at start) or a header and a snapshot are written
+        (`whole`: the file is whole as it is, the lines go on in its last part)."""
         self._asked_at = -RESUME_SECONDS
 
     def stats(self) -> dict[str, Any]:
@@ -70,6 +71,7 @@ class RecordFile:
             "rotations": self.rotations,
             "last_error": self.last_error,
             "failing_since": self.failing_since,
+            "resuming": self._resuming,
         }
 
     def take(self, items: list[tuple[str, Any]]) -> None:

@@ -11,13 +11,15 @@ takes only CPU that crihook and the runtime leave idle:
     python -m crihook.proxy.record_worker      # stdin: frames in, stdout: frames out
 
 A frame is a 4-byte big-endian length and a pickle. The first frame in is the settings
-(redaction, file, bound); every later one is `(kind, payload)` as the Recorder queued it:
-`header`, `call` (a CallRecord, as a plain tuple), `passthrough`, `line`, `part` (a header
-and a snapshot) or `lost` (how many lines crihook lost). After each batch written, it
-answers one frame `(taken, stats, ask, logs)`: how many frames it took, its counters
-(`RecordFile.stats`, and `encode_failures`), whether it wants a new part, and what it logged
-(level, message), which crihook logs as its own (in its format, to its destination). EOF on
-stdin ends the process once everything read is written (and fsynced).
+(redaction, file, bound, and whether the file is whole: a renderer started after one that
+ended goes on in the same part when nothing was lost); every later one is `(kind,
+payload)` as the Recorder queued it: `header`, `call` (a CallRecord, as a plain tuple),
+`passthrough`, `line`, `part` (a header and a snapshot) or `lost` (how many lines crihook
+lost). After each batch written, it answers one frame `(taken, stats, ask, logs)`: how many
+frames it took, its counters (`RecordFile.stats`, and `encode_failures`), whether it wants a
+new part, and what it logged (level, message), which crihook logs as its own (in its format,
+to its destination). EOF on stdin ends the process once everything read is written (and
+fsynced).
 """
 
 from __future__ import annotations
@@ -192,9 +194,9 @@ def main() -> int:
         first = split_frames(source.buffer, 1)
     if not first:
         return 0
-    names, values, enabled, path, max_bytes, keep = pickle.loads(first[0])
+    names, values, enabled, path, max_bytes, keep, whole = pickle.loads(first[0])
     redactor = Redactor(names, values, enabled=enabled)
-    out = RecordFile(Path(path), max_bytes, keep)
+    out = RecordFile(Path(path), max_bytes, keep, whole=whole)
     failures = 0
     while frames := source.batch():
         items: list[tuple[str, Any]] = []

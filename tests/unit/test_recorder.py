@@ -298,3 +298,30 @@ async def test_a_renderer_that_falls_behind_bounds_the_backlog_then_marks_the_ga
     assert rec.status()["dropped"] == 6
     assert rec.status()["renderer_restarts"] == 0
     assert [s.line for s in read_recording(path).segments] == [1, 9]
+
+
+async def test_a_renderer_that_dies_holding_nothing_is_replaced_without_a_gap(
+    tmp_path: Path,
+) -> None:
+    """Nothing was lost: the new renderer goes on in the same part of the file."""
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    worker = rec._worker
+    assert worker is not None and worker.transport is not None
+    os.kill(worker.transport.get_pid(), signal.SIGKILL)
+    for _ in range(500):
+        if rec._worker is None:
+            break
+        await asyncio.sleep(0.01)
+    for seq in (3, 4):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    await rec.close()
+
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["header", "sync", "call", "call", "call"]
+    assert (rec.status()["dropped"], rec.status()["renderer_restarts"]) == (0, 1)
