@@ -149,8 +149,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         args=("--record", "{dir}/record.jsonl"),
         config=_annotate_hooks(4),
         about="hooks-4 with every intercepted call recorded (crihook serve --record): against "
-        "hooks-4, what recording costs (the line is written by a background thread, no "
-        "fsync). Not measured by default",
+        "hooks-4, what recording costs (the loop pickles a small record of the call; a renderer "
+        "process at idle priority renders and writes the line, no fsync). Not measured by "
+        "default",
         default=False,
     ),
     Scenario(

@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--record",
         metavar="FILE",
-        help="append every intercepted call to FILE, one JSON line each (see crihook replay)",
+        help="append every intercepted call to FILE, one JSON line each (see crihook replay); "
+        "written by a renderer process at idle CPU priority: when it falls behind, past "
+        "10,000 lines waiting, lines are dropped, counted and the gap is marked, calls never wait",
     )
     serve.add_argument("--record-all", action="store_true", help="record pass-through calls too")
     serve.add_argument(

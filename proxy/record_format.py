@@ -30,14 +30,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError, Message
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
-from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, TopologyHint
+from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, Stage, TopologyHint
 from crihook.hooks.spec.adjustment import Field, describe_key
 from crihook.proxy.config import Settings
 from crihook.proxy.config_doc import settings_doc
@@ -51,7 +51,10 @@ from crihook.proxy.render import changes, render
 __all__ = [
     "FORMAT",
     "UNCHANGED",
+    "AdjustmentRecord",
+    "CallRecord",
     "call_line",
+    "call_record",
     "container_label",
     "encode_line",
     "forwarded_doc",
@@ -170,41 +173,122 @@ def container_label(container: ContainerView | None) -> str:
     return container.name or container.id
 
 
-def call_line(outcome: Outcome, redactor: Redactor) -> dict[str, Any]:
+class CallRecord(NamedTuple):
+    """What a call line is rendered from: an `Outcome` cut down to plain values (strings,
+    bytes, numbers and the hooks' answers), so that the event loop hands the renderer a small
+    pickle, not the views and enums the call carried. (It crosses as a plain tuple,
+    `tuple(record)`, and is remade with `CallRecord._make`: named tuples pickle slower.)"""
+
+    seq: int
+    started: float
+    elapsed: float
+    method: str
+    pod: str
+    pod_id: str
+    container: str
+    container_id: str
+    timeout: float | None
+    metadata: Metadata | None
+    ready: bool
+    received: bytes
+    forwarded: bytes | str | None
+    """The bytes forwarded with changes, `UNCHANGED`, or None (never forwarded)."""
+    response: bytes | None
+    status: Status | None
+    status_origin: str
+    hooks: tuple[tuple[Any, ...], ...]
+    """Per hook run: hook, stage (its value), verdict, detail, answer, seconds; an
+    Adjustment answer as its changes and updates in two more fields (answer None):
+    `(hook, stage, verdict, detail, None, seconds, changes, updates)`."""
+    updates: Sequence[SentUpdate]
+    observed: Sequence[Observation]
+
+
+class AdjustmentRecord(NamedTuple):
+    """An Adjustment as a call record carries it: its changes and updates, as they are
+    (pickling the Adjustment itself costs twice as much)."""
+
+    changes: tuple[tuple[Any, Any], ...]
+    updates: tuple[Any, ...]
+
+
+def _run_record(run: tuple[Any, ...]) -> tuple[Any, ...]:
+    hook, stage, verdict, detail, answer, seconds = run
+    if type(answer) is Adjustment:
+        changes = tuple(answer.change_items())
+        return (hook, stage.value, verdict, detail, None, seconds, changes, answer.updates)
+    return (hook, stage.value, verdict, detail, answer, seconds)
+
+
+def _run_of(run: tuple[Any, ...]) -> HookRun:
+    if len(run) == 8:
+        *fields, changes, updates = run
+        fields[4] = AdjustmentRecord(changes, updates)
+        run = tuple(fields)
+    hook, stage, verdict, detail, answer, seconds = run
+    return HookRun(hook, Stage(stage), verdict, detail, answer, seconds)
+
+
+def call_record(outcome: Outcome) -> CallRecord:
+    """The call's `CallRecord` (on the event loop: cheap, no rendering)."""
+    pod, container = outcome.pod, outcome.container
+    forwarded = outcome.forwarded
+    return CallRecord(
+        outcome.seq,
+        outcome.started,
+        outcome.elapsed,
+        outcome.event.value,
+        pod_label(pod),
+        pod.id if pod else "",
+        container_label(container),
+        container.id if container else "",
+        outcome.timeout,
+        outcome.metadata,
+        outcome.ready,
+        outcome.received,
+        UNCHANGED if forwarded is not None and forwarded is outcome.received else forwarded,
+        outcome.response,
+        outcome.status,
+        outcome.status_origin,
+        tuple([_run_record(run) for run in outcome.trace or ()]),
+        outcome.updates,
+        outcome.observed or (),
+    )
+
+
+def call_line(outcome: Outcome | CallRecord, redactor: Redactor) -> dict[str, Any]:
     """The line of one intercepted call."""
-    spec = INTERCEPTED[outcome.event]
+    call = outcome if isinstance(outcome, CallRecord) else call_record(outcome)
+    event = Event(call.method)
+    spec = INTERCEPTED[event]
     line: dict[str, Any] = {
         "kind": "call",
-        "seq": outcome.seq,
-        "time": round(outcome.started, 6),
-        "elapsed_ms": round(outcome.elapsed * 1000, 3),
-        "method": outcome.event.value,
-        "pod": pod_label(outcome.pod),
-        "pod_id": outcome.pod.id if outcome.pod else "",
-        "container": container_label(outcome.container),
-        "container_id": outcome.container.id if outcome.container else "",
-        "timeout": None if outcome.timeout is None else round(outcome.timeout, 3),
+        "seq": call.seq,
+        "time": round(call.started, 6),
+        "elapsed_ms": round(call.elapsed * 1000, 3),
+        "method": call.method,
+        "pod": call.pod,
+        "pod_id": call.pod_id,
+        "container": call.container,
+        "container_id": call.container_id,
+        "timeout": None if call.timeout is None else round(call.timeout, 3),
     }
-    if outcome.metadata:
-        line["metadata"] = metadata_doc(outcome.metadata)
-    if not outcome.ready:
+    if call.metadata:
+        line["metadata"] = metadata_doc(call.metadata)
+    if not call.ready:
         line["ready"] = False
-    line["request"], received = _message(outcome.received, spec.request, redactor, outcome.event)
-    if outcome.forwarded is None:
-        line["forwarded"] = None
-    elif outcome.forwarded is outcome.received:
-        line["forwarded"] = UNCHANGED
-    else:
-        line["forwarded"] = forwarded_doc(
-            received, outcome.forwarded, spec.request, redactor, outcome.event
-        )
+    line["request"], received = _message(call.received, spec.request, redactor, event)
+    if isinstance(call.forwarded, bytes):
+        line["forwarded"] = forwarded_doc(received, call.forwarded, spec.request, redactor, event)
+    else:  # None (not forwarded) or UNCHANGED
+        line["forwarded"] = call.forwarded
     line["response"] = (
-        None if outcome.response is None else message_doc(outcome.response, spec.response, redactor)
+        None if call.response is None else message_doc(call.response, spec.response, redactor)
     )
-    line["status"] = status_doc(outcome.status, outcome.status_origin)
-    line["hooks"] = hook_docs(outcome.hooks, redactor)
-    line["updates"] = update_docs(outcome.updates)
-    line["observed"] = observation_docs(outcome.observed or ())
+    line["status"] = status_doc(call.status, call.status_origin)
+    line["hooks"] = hook_docs([_run_of(run) for run in call.hooks], redactor)
+    line["updates"] = update_docs(call.updates)
+    line["observed"] = observation_docs(call.observed)
     return line
 
 
@@ -287,8 +371,10 @@ def hook_docs(runs: Sequence[HookRun], redactor: Redactor) -> list[dict[str, Any
 
 def _answer(answer: Any, redactor: Redactor) -> Any:
     if isinstance(answer, Adjustment):
+        answer = AdjustmentRecord(tuple(answer.change_items()), answer.updates)
+    if isinstance(answer, AdjustmentRecord):
         changes: dict[str, Any] = {}
-        for key, value in answer.change_items():
+        for key, value in answer.changes:
             shown = jsonable(value)
             if key[0] is Field.ENV:
                 shown = redactor.env_value(shown)
@@ -345,7 +431,9 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
+"""(Lines are trees built here: no cycle to look for, and the look costs a third of the
+encoding.)"""
 
 
 def encode_line(line: dict[str, Any]) -> bytes:

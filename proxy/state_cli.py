@@ -130,6 +130,8 @@ def _recording(recording: dict[str, Any] | None) -> list[str]:
         f"  recording to {recording['file']}: {recording['lines']} lines, "
         f"{recording['bytes']} bytes, {recording['dropped']} lost"
     )
+    if recording.get("backlog"):
+        line += f", {recording['backlog']} waiting for the renderer"
     if recording.get("failing_since"):
         line += f"; FAILING: {recording.get('last_error')}"
     elif recording.get("write_failures"):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -360,3 +362,73 @@ def test_a_full_disk_never_fails_a_call() -> None:
         result = replay(path)
         assert result.returncode == 0, result.stdout
         assert "lost" in result.stdout
+
+
+def test_a_stopped_renderer_never_holds_a_call_back() -> None:
+    """The renderer runs at idle priority: on a saturated node it may get no CPU for a
+    while. Calls never wait for it; what it had not written yet is written once it runs."""
+    workdir = short_tmpdir("rr-")
+    runtime = MemoryRuntime(workdir / "rt.sock").start()
+    path = workdir / "rec.jsonl"
+    proc = CrihookProcess(
+        runtime.endpoint,
+        workdir=workdir,
+        config=CONFIG,
+        hooks=None,
+        args=["--sysfs-root", str(write_sysfs(workdir / "sys", CPUS_48)), "--record", str(path)],
+    )
+    try:
+        proc.start()
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            kubelet = Kubelet(api_pb2_grpc.RuntimeServiceStub(channel))
+            kubelet.pod(guaranteed("before", 2))
+
+            def first_written() -> bool:
+                return path.exists() and b'"kind":"call"' in path.read_bytes()
+
+            wait_for(first_written, 10, "the first calls to be written")
+            renderer = _renderer_of(proc)
+            assert _scheduling_policy(renderer) == "SCHED_IDLE"
+            os.kill(renderer, signal.SIGSTOP)
+            try:
+                for i in range(3):  # every call is answered while the renderer is stopped
+                    kubelet.pod(guaranteed(f"stopped{i}", 2))
+                assert b"stopped" not in path.read_bytes()
+            finally:
+                os.kill(renderer, signal.SIGCONT)
+
+            def written() -> bool:
+                return path.read_bytes().count(b'"pod":"default/stopped') >= 9
+
+            wait_for(written, 10, "the renderer to write what it held")
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+        runtime.stop()
+    docs = lines(path)
+    assert "gap" not in {d["kind"] for d in docs}  # below the bound: nothing lost
+    stopped = [(d["pod"], d["method"]) for d in docs if "/stopped" in d.get("pod", "")]
+    assert stopped == [
+        (f"default/stopped{i}", method)
+        for i in range(3)
+        for method in ("RunPodSandbox", "CreateContainer", "StartContainer")
+    ]
+    assert replay(path).returncode == 0
+
+
+def _renderer_of(proc: CrihookProcess) -> int:
+    """crihook's renderer process (its only child running record_worker)."""
+    assert proc.proc is not None
+    found = []
+    for task in Path(f"/proc/{proc.proc.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"crihook.proxy.record_worker" in cmdline:
+                found.append(int(child))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _scheduling_policy(pid: int) -> str:
+    policy = os.sched_getscheduler(pid)
+    return "SCHED_IDLE" if policy == os.SCHED_IDLE else str(policy)

@@ -71,7 +71,9 @@ async def test_calls_become_lines_after_the_header(tmp_path: Path) -> None:
     assert read_recording(path).calls == 2
 
 
-async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -> None:
+async def test_a_disk_that_fails_drops_and_counts_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "rec.jsonl"
     rec = recorder(path)
     rec.start()
@@ -80,7 +82,6 @@ async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -
     await _settled(rec, lines=3)
     os.rename(path, tmp_path / "first.jsonl")
     path.mkdir()  # a directory where the file is: every write fails (root too)
-    rec._close_file(sync=False)  # as if the disk went away under the open file
     for seq in (3, 4, 5):
         rec.call(outcome(seq))
     await _settled(rec, dropped=3)
@@ -110,6 +111,11 @@ async def test_a_disk_that_fails_drops_and_counts_never_raises(tmp_path: Path) -
     assert rec.status()["failing_since"] is None
     recording = read_recording(path)
     assert [s.line for s in recording.segments] == [1, gap_at + 2]
+    # The renderer's log lines are crihook's own (its logger, its format), once each.
+    logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    failing = [m for m in logged if "cannot write" in m[2]]
+    assert len(failing) == 1 and failing[0][:2] == ("crihook.proxy.record", "ERROR")
+    assert any("works again" in m[2] for m in logged)
 
 
 async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
@@ -214,16 +220,17 @@ async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_go
     rec.call(outcome(2))
     await _settled(rec, lines=3)
     worker = rec._worker
-    assert worker is not None
-    os.kill(worker.proc.pid, signal.SIGSTOP)  # it takes three calls and answers none
+    assert worker is not None and worker.transport is not None
+    pid = worker.transport.get_pid()
+    os.kill(pid, signal.SIGSTOP)  # it takes three calls and answers none
     for seq in (3, 4, 5):
         rec.call(outcome(seq))
     for _ in range(500):
-        if worker.sent == 6:  # the header, the sync, call 2, then 3, 4 and 5
+        if worker.unanswered_frames() == 3:
             break
         await asyncio.sleep(0.01)
-    assert worker.sent - worker.answered == 3
-    os.kill(worker.proc.pid, signal.SIGKILL)
+    assert worker.unanswered() == (3, 3)
+    os.kill(pid, signal.SIGKILL)
     await _settled(rec, dropped=3)
     await asyncio.sleep(RESUME_SECONDS)
     for seq in (6, 7):
@@ -238,3 +245,83 @@ async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_go
     assert kinds == ["header", "sync", "call", "gap", "header", "snapshot", "call", "call"]
     assert json.loads(path.read_text().splitlines()[3])["dropped"] == 3
     assert [s.line for s in read_recording(path).segments] == [1, 5]
+
+
+async def test_a_renderer_that_falls_behind_bounds_the_backlog_then_marks_the_gap(
+    tmp_path: Path,
+) -> None:
+    """A renderer that gets no CPU (here: stopped) never holds calls back: past the bound,
+    lines are dropped and counted; once it catches up, the file shows the gap and goes on
+    from a new header and snapshot."""
+    path = tmp_path / "rec.jsonl"
+    seqs = iter(range(1000, 100000))
+    rec = Recorder(
+        RecordSettings(file=path),
+        header,
+        lambda seq: {**sync(seq), "kind": "snapshot", "reason": "rotate"},
+        no_calls,
+        lambda: next(seqs),
+        max_pending=4,
+    )
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    worker = rec._worker
+    assert worker is not None and worker.transport is not None
+    pid = worker.transport.get_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for seq in range(3, 13):  # 3 to 6 wait for it; 7 to 12 are dropped
+            rec.call(outcome(seq))
+            await asyncio.sleep(0.02)
+        assert rec.backlog() == 4
+        assert rec.status()["dropped"] == 6
+        assert rec.status()["lines"] == 3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await _settled(rec, lines=7)
+    for _ in range(500):  # it asks for a new part; the loop takes the snapshot
+        if rec.status()["lines"] >= 10:
+            break
+        await asyncio.sleep(0.01)
+    for seq in (13, 14):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    await rec.close()
+
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["header", "sync"] + ["call"] * 5 + ["gap", "header", "snapshot"] + ["call"] * 2
+    assert [d["seq"] for d in docs if d["kind"] == "call"] == [2, 3, 4, 5, 6, 13, 14]
+    assert docs[7]["dropped"] == 6
+    assert rec.status()["dropped"] == 6
+    assert rec.status()["renderer_restarts"] == 0
+    assert [s.line for s in read_recording(path).segments] == [1, 9]
+
+
+async def test_a_renderer_that_dies_holding_nothing_is_replaced_without_a_gap(
+    tmp_path: Path,
+) -> None:
+    """Nothing was lost: the new renderer goes on in the same part of the file."""
+    path = tmp_path / "rec.jsonl"
+    rec = recorder(path)
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+    worker = rec._worker
+    assert worker is not None and worker.transport is not None
+    os.kill(worker.transport.get_pid(), signal.SIGKILL)
+    for _ in range(500):
+        if rec._worker is None:
+            break
+        await asyncio.sleep(0.01)
+    for seq in (3, 4):
+        rec.call(outcome(seq))
+        await _settled(rec)
+    await rec.close()
+
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["header", "sync", "call", "call", "call"]
+    assert (rec.status()["dropped"], rec.status()["renderer_restarts"]) == (0, 1)

@@ -1,0 +1,176 @@
+"""What recording costs crihook's event loop per call, with no sockets (so the figure is not
+lost in gRPC's noise):
+
+    python -m bench.record_cost
+
+The outcome is that of the bench's kubelet-shaped CreateContainer (the 2.3 KB request of
+bench.payloads, with its pod) through 4 annotate hooks (the hooks-4 scenario),
+with a runtime answering at once. Measured, per call:
+
+- the event loop's CPU (thread time) for `Pipeline.handle` and what follows it on the loop,
+  with no listener and with a running `Recorder` (its renderer process writing a file in a
+  temporary directory), interleaved; the difference is what recording costs the loop;
+- `Recorder._encoded`: what the loop does for a recorded call (the `CallRecord` cut from the
+  outcome, pickled and framed), and its parts;
+- for reference, the whole `Outcome` pickled (what the loop did before the `CallRecord`);
+- for reference, rendering the line (what the renderer process does, off the loop).
+
+Each figure is the fastest of 9 reps. Timing lives here, never in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import pickle
+import tempfile
+import time
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.payloads import fake_create_container_request
+from bench.run import _annotate_hooks
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.spec import Event
+from crihook.proxy.chain import Chain
+from crihook.proxy.config import RecordSettings, settings_from_toml
+from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.outcome import Outcome
+from crihook.proxy.passthrough import Readiness
+from crihook.proxy.pipeline import Pipeline
+from crihook.proxy.record import Recorder
+from crihook.proxy.record_format import call_line, call_record, encode_line
+from crihook.proxy.record_worker import _Pickler
+from crihook.proxy.store import Store
+
+REPS = 9
+_CREATED = api_pb2.CreateContainerResponse(container_id="c" * 64).SerializeToString()
+
+
+class _Runtime:
+    def call(self, path: str) -> Any:
+        async def unary(request: bytes, *, timeout: Any = None, metadata: Any = None) -> bytes:
+            return _CREATED
+
+        return unary
+
+
+@contextlib.asynccontextmanager
+async def _no_calls() -> AsyncIterator[None]:
+    yield
+
+
+async def _pipeline(state_dir: Path) -> tuple[Pipeline, bytes]:
+    store = Store(state_dir)
+    store.load()
+    store.write_behind = lambda: None  # type: ignore[method-assign]  # no disk in the figure
+    settings = settings_from_toml(tomllib.loads(_annotate_hooks(4)))
+    chain = Chain(settings.chain, store.hook_state)
+    chain.set_builtin([Chain.entry(load_local_hook(h), h) for h in settings.chain.hooks])
+    readiness = Readiness()
+    readiness.set(True)
+    pipeline = Pipeline(_Runtime(), chain, store, readiness)
+    return pipeline, fake_create_container_request()  # (its pod: from its sandbox config)
+
+
+def _recorder(pipeline: Pipeline, path: Path) -> Recorder:
+    return Recorder(
+        RecordSettings(file=path),
+        lambda: {"kind": "header"},
+        lambda seq: {"kind": "snapshot", "seq": seq},
+        _no_calls,
+        pipeline.next_seq,
+    )
+
+
+async def _outcome(state_dir: Path) -> tuple[Outcome, Recorder]:
+    pipeline, raw = await _pipeline(state_dir)
+    outcomes: list[Outcome] = []
+    pipeline.on_outcome = outcomes.append
+    await pipeline.handle(Event.CREATE_CONTAINER, raw, None, time.monotonic() + 2)
+    return outcomes[0], _recorder(pipeline, state_dir / "unused.jsonl")
+
+
+async def _loop_cpu(state_dir: Path, calls: int = 2000) -> tuple[float, float, float]:
+    """The loop's CPU per call: no listener, a listener that drops the outcome (the
+    pipeline's tracing alone), and the recorder (fastest of the reps)."""
+    pipeline, raw = await _pipeline(state_dir)
+    recorder = _recorder(pipeline, state_dir / "rec.jsonl")
+    recorder.start()
+
+    async def once(listener: Any) -> float:
+        pipeline.on_outcome = listener
+        started = time.thread_time()
+        for _ in range(calls):
+            await pipeline.handle(Event.CREATE_CONTAINER, raw, None, time.monotonic() + 2)
+            await asyncio.sleep(0)  # the loop's next turn: the recorder encodes and sends
+        return (time.thread_time() - started) / calls * 1e6
+
+    off, traced, on = [], [], []
+    try:
+        for _ in range(REPS):
+            off.append(await once(None))
+            traced.append(await once(lambda outcome: None))
+            on.append(await once(recorder.call))
+            while recorder.backlog():  # the renderer catches up outside the figures
+                await asyncio.sleep(0.05)
+    finally:
+        await recorder.close()
+    if recorder.status()["dropped"]:
+        print(f"  (the renderer fell behind: {recorder.status()['dropped']} line(s) dropped)")
+    return min(off), min(traced), min(on)
+
+
+def _best(fn: Callable[[], object], n: int) -> float:
+    best = float("inf")
+    for _ in range(REPS):
+        started = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - started) / n)
+    return best * 1e6
+
+
+def _old_pickle(outcome: Outcome) -> bytes:
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(("call", outcome))
+    return out.getvalue()
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="crihook-bench-") as tmp:
+        off, traced, on = await _loop_cpu(Path(tmp))
+    print(
+        f"event loop CPU per CreateContainer (4 hooks): {off:.1f} µs unrecorded, {on:.1f} µs "
+        f"recorded: +{on - off:.1f} µs (of which +{traced - off:.1f} µs the pipeline's "
+        f"tracing for any listener, +{on - traced:.1f} µs the recorder)"
+    )
+    with tempfile.TemporaryDirectory(prefix="crihook-bench-") as tmp:
+        outcome, recorder = await _outcome(Path(tmp))
+    record = call_record(outcome)
+    encoded, _ = recorder._encoded(("call", outcome))
+    line = encode_line(call_line(outcome, recorder.redactor))
+    print(
+        f"CreateContainer, 4 hooks: {len(outcome.received):,} B request, "
+        f"{len(encoded):,} B frame, {len(line):,} B line; µs per call (fastest of {REPS}):"
+    )
+    rows = [
+        (
+            "on the loop: Recorder._encoded (all of it)",
+            lambda: recorder._encoded(("call", outcome)),
+        ),
+        ("  of which: call_record(outcome)", lambda: call_record(outcome)),
+        ("  of which: pickle of the CallRecord", lambda: pickle.dumps(("call", tuple(record)), 5)),
+        ("before: the whole Outcome pickled", lambda: _old_pickle(outcome)),
+    ]
+    for name, fn in rows:
+        print(f"  {_best(fn, 3000):8.1f}  {name}")
+    render = _best(lambda: encode_line(call_line(record, recorder.redactor)), 300)
+    print(f"  {render:8.1f}  in the renderer: the line rendered and redacted")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
