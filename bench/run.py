@@ -110,21 +110,22 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="hooks-none",
         args=("--hooks", "none"),
-        about="crihook with no hooks: raw pass-through and the intercept pipeline only",
+        about="crihook with no hooks, on the default (h2) data path: raw pass-through relayed "
+        "frame by frame and the intercept pipeline only",
         targets=True,
     ),
     Scenario(
-        name="hooks-none-h2",
-        args=("--hooks", "none", "--data-path", "h2"),
-        about="hooks-none on the h2 data path: crihook speaks HTTP/2 itself (pass-through "
-        "relayed frame by frame, no grpc core on the call path)",
+        name="hooks-none-grpc",
+        args=("--hooks", "none", "--data-path", "grpc"),
+        about="hooks-none on the grpc data path (grpc.aio's server and channels, the default "
+        "before h2)",
         targets=True,
     ),
     Scenario(
         name="hooks-none-ee-on",
-        args=("--hooks", "none"),
+        args=("--hooks", "none", "--data-path", "grpc"),
         env={"GRPC_EXPERIMENTS": ""},
-        about="hooks-none with grpc core's EventEngine endpoints left on (grpc's default; "
+        about="hooks-none-grpc with grpc core's EventEngine endpoints left on (grpc's default; "
         "crihook turns them off unless GRPC_EXPERIMENTS is set). Not measured by default",
         default=False,
         targets=True,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from crihook.proxy.config import ServerSettings
+
 __all__ = [
     "DATA_PATHS",
     "DATA_PATH_ENV",
@@ -30,11 +32,11 @@ _VERSION = "/runtime.v1.RuntimeService/Version"
 DATA_PATHS = ("grpc", "h2")
 DATA_PATH_ENV = "CRIHOOK_TEST_DATA_PATH"
 """Which data path a CrihookProcess runs when its test does not say (`--data-path` of pytest
-sets it): so the whole suite can run on either."""
+sets it; unset: crihook's own default): so the whole suite can run on either."""
 
 
 def default_data_path() -> str:
-    return os.environ.get(DATA_PATH_ENV) or "grpc"
+    return os.environ.get(DATA_PATH_ENV) or ServerSettings().data_path
 
 
 _CREATED: list[Path] = []
