@@ -2,7 +2,7 @@
 
     python -m bench.run [--quick] [--reps N] [--duration S] [--json FILE]
                         [--real-containerd | --no-real-containerd] [--containerd 1.6|2]
-                        [--scenario NAME ...]
+                        [--scenario NAME ...] [--lifecycle]
 
 For each backend (the fake runtime, and a real containerd from tests.lab), each method
 (ListContainers: pass-through; CreateContainer: intercepted) and each concurrency (1, 16) it
@@ -110,21 +110,22 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="hooks-none",
         args=("--hooks", "none"),
-        about="crihook with no hooks: raw pass-through and the intercept pipeline only",
+        about="crihook with no hooks, on the default (h2) data path: raw pass-through relayed "
+        "frame by frame and the intercept pipeline only",
         targets=True,
     ),
     Scenario(
-        name="hooks-none-h2",
-        args=("--hooks", "none", "--data-path", "h2"),
-        about="hooks-none on the h2 data path: crihook speaks HTTP/2 itself (pass-through "
-        "relayed frame by frame, no grpc core on the call path)",
+        name="hooks-none-grpc",
+        args=("--hooks", "none", "--data-path", "grpc"),
+        about="hooks-none on the grpc data path (grpc.aio's server and channels, the default "
+        "before h2)",
         targets=True,
     ),
     Scenario(
         name="hooks-none-ee-on",
-        args=("--hooks", "none"),
+        args=("--hooks", "none", "--data-path", "grpc"),
         env={"GRPC_EXPERIMENTS": ""},
-        about="hooks-none with grpc core's EventEngine endpoints left on (grpc's default; "
+        about="hooks-none-grpc with grpc core's EventEngine endpoints left on (grpc's default; "
         "crihook turns them off unless GRPC_EXPERIMENTS is set). Not measured by default",
         default=False,
         targets=True,
@@ -739,7 +740,7 @@ class Bench:
         self.crihooks: dict[tuple[str, str], Crihook | GoProxy] = {}
         self.scenarios = [s for s in SCENARIOS if s.name in args.scenarios]
         self.methods = {m.name: m for m in (*METHODS, LIFECYCLE)}
-        self.lifecycle = any(s.lifecycle for s in self.scenarios)
+        self.lifecycle = args.lifecycle or any(s.lifecycle for s in self.scenarios)
         self._next_index = 0
         self.tools_env = (
             {"GRPC_EXPERIMENTS": args.tools_grpc_experiments} if args.tools_grpc_experiments else {}
@@ -1255,6 +1256,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--go-proxy", type=Path, default=None, metavar="BIN_OR_DIR",
         help=f"also measure the reference Go proxy as path {GO_PATH}: its binary, or its source "
         "directory (built with its build.sh), e.g. ../shared/tools/go-raw-proxy",
+    )  # fmt: skip
+    p.add_argument(
+        "--lifecycle", action="store_true",
+        help="also measure pod start on the real containerd (RunPodSandbox + StopPodSandbox, "
+        "one at a time) for the direct path and every scenario; on by itself with netdev",
     )  # fmt: skip
     p.add_argument("--keep-workdir", action="store_true", help="keep sockets and logs")
     args = p.parse_args(argv)

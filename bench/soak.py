@@ -3,6 +3,7 @@
     python -m bench.soak                          # every part, moderate sizes (~6 min here)
     python -m bench.soak --parts load,endurance --containers 1000 --calls 100000
     python -m bench.soak --parts chaos --chaos-seconds 300 --seed 7
+    python -m bench.soak --data-path h2           # every crihook on that data path
 
 Parts (see bench/README.md, "Soak"):
 - chaos: pods through crihook on a real containerd (started by the soak, removed at the end)
@@ -19,12 +20,15 @@ Unix sockets only; everything started is stopped, everything made is removed. Th
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.lab.crihook_proc import DATA_PATH_ENV, DATA_PATHS, default_data_path
 
 __all__ = ["main"]
 
@@ -128,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         "--wire-rounds", type=int, default=200, help="wire: malformed inputs per target (200)"
     )
     parser.add_argument("--keep-workdir", action="store_true", help="chaos: keep crihook's dir")
+    parser.add_argument(
+        "--data-path",
+        choices=DATA_PATHS,
+        default=None,
+        help="crihook's data path in every part (default: crihook's own default)",
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -135,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown parts {unknown}; choose from {PARTS}")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 32)
+    if args.data_path is not None:  # every crihook the parts start reads it (tests/lab)
+        os.environ[DATA_PATH_ENV] = args.data_path
     print(f"soak: seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    print(f"soak: data path {default_data_path()}", flush=True)
     runners = {"chaos": _chaos, "load": _load, "endurance": _endurance, "wire": _wire}
     ok = True
     for part in parts:

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--data-path",
         choices=("grpc", "h2"),
-        help="how calls cross crihook: grpc (grpc.aio, the default) or h2 (crihook's own HTTP/2)",
+        help="how calls cross crihook: h2 (crihook's own HTTP/2, the default) or grpc (grpc.aio)",
     )
     serve.add_argument(
         "--sysfs-root",

@@ -73,10 +73,10 @@ class ServerSettings:
     metrics_listen: str | None = None
     """Where Prometheus metrics are served (`GET /metrics`): `unix:///path` or `HOST:PORT`
     (`127.0.0.1:9464`, `[::1]:9464`, `0.0.0.0:9464`); None: no metrics."""
-    data_path: str = "grpc"
-    """How calls cross crihook: `grpc` (grpc.aio's server and channels) or `h2` (crihook
-    speaks HTTP/2 itself, api/h2: pass-through calls relayed as frames). `grpc` stays the
-    default until `h2` has earned trust."""
+    data_path: str = "h2"
+    """How calls cross crihook: `h2` (crihook speaks HTTP/2 itself, api/h2: pass-through
+    calls relayed as frames) or `grpc` (grpc.aio's server and channels, the default before
+    `h2` passed the whole suite and the soak; kept as a fallback)."""
 
     @property
     def socket_path(self) -> Path:

@@ -6,7 +6,13 @@ every one at the runtime's stream limit, or going away), and forgets a connectio
 lost, so after a containerd restart the next call connects again. Each `RuntimeConnection`
 (the asyncio adapter of a sans-IO `crihook.api.h2.Connection`) hands a stream's events to the
 `Upstream` that opened it: a relay (h2_server.py) or a unary call (`H2RuntimeClient.call`,
-the pipeline's way to the runtime). Calls are never retried.
+the pipeline's way to the runtime).
+
+A call is retried once, on a new connection, only when the runtime never processed its stream
+(as grpc-go's transparent retry): the stream was above the last one of the runtime's GOAWAY,
+or the runtime refused it with RST_STREAM REFUSED_STREAM. Safe for every method, mutating ones
+too, since the runtime saw nothing of it. A stream lost any other way (the connection closed,
+a reset, a deadline) fails as it would through grpc.
 
 The control path (start-up probe, reconcile, synchronize) keeps grpc.aio (RuntimeClient):
 it runs seldom and costs nothing on a call.
@@ -16,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol, cast
 
 import grpc
 
 from crihook.api.h2.connection import (
     CANCEL,
+    REFUSED_STREAM,
     Connection,
     Data,
     Failed,
@@ -52,6 +60,7 @@ __all__ = [
     "RuntimeConnection",
     "RuntimePool",
     "Upstream",
+    "going_away_status",
     "reset_status",
 ]
 
@@ -73,6 +82,11 @@ _RESET_CODES = {
 def reset_status(error: int) -> Status:
     code = _RESET_CODES.get(error, grpc.StatusCode.INTERNAL)
     return Status(code, f"the runtime reset the stream (HTTP/2 error 0x{error:x})")
+
+
+def going_away_status() -> Status:
+    """A call the runtime did not process because it is going away (GOAWAY)."""
+    return Status(grpc.StatusCode.UNAVAILABLE, "the runtime is going away")
 
 
 class Flusher:
@@ -111,8 +125,13 @@ class Upstream(Protocol):
     def up_data(self, data: bytes, end_stream: bool, flow: int) -> None: ...
     def up_flushed(self, sent: int) -> None: ...
     def up_reset(self, error: int) -> None: ...
+    def up_refused(self, error: int | None) -> None:
+        """The runtime did not process the stream: it reset it with `error`
+        (REFUSED_STREAM), or (None) the stream was above the last one of its GOAWAY. The
+        stream is closed; the call may be retried on another connection."""
+
     def up_lost(self, status: Status) -> None:
-        """The connection is gone (or refused the stream): nothing more will come."""
+        """The connection is gone: nothing more will come."""
 
 
 class RuntimeConnection(asyncio.Protocol):
@@ -160,9 +179,9 @@ class RuntimeConnection(asyncio.Protocol):
             Status(grpc.StatusCode.UNAVAILABLE, f"the runtime connection closed{reason}")
         )
 
-    def _lose_all(self, status: Status, above: int = 0) -> None:
-        for stream_id in [s for s in self.streams if s > above]:
-            upstream = self.streams.pop(stream_id)
+    def _lose_all(self, status: Status) -> None:
+        streams, self.streams = self.streams, {}
+        for upstream in streams.values():
             upstream.up_lost(status)
         self.flusher.flush()
 
@@ -193,13 +212,16 @@ class RuntimeConnection(asyncio.Protocol):
                 rv = cast(Reset, event)
                 upstream = streams.pop(rv.stream_id, None)
                 if upstream is not None:
-                    upstream.up_reset(rv.error)
+                    if rv.error == REFUSED_STREAM:
+                        upstream.up_refused(rv.error)
+                    else:
+                        upstream.up_reset(rv.error)
             elif kind is GoAway:
                 gv = cast(GoAway, event)
-                log.info("the runtime is going away (error 0x%x)", gv.error)
-                # Streams above its last one were never processed: they fail, unretried.
-                status = Status(grpc.StatusCode.UNAVAILABLE, "the runtime is going away")
-                self._lose_all(status, gv.last_stream_id)
+                last = gv.last_stream_id
+                log.info("the runtime is going away (error 0x%x, last stream %d)", gv.error, last)
+                for stream_id in [s for s in streams if s > last]:
+                    streams.pop(stream_id).up_refused(None)
             elif kind is Failed:
                 details = cast(Failed, event).details
                 log.warning("runtime connection: %s", details)
@@ -279,7 +301,15 @@ class RuntimePool:
 class _UnaryCall:
     """One unary call for the pipeline: the answer, or the status it ended with."""
 
-    __slots__ = ("answer", "connection", "future", "headers_seen", "messages", "stream_id")
+    __slots__ = (
+        "answer",
+        "connection",
+        "future",
+        "headers_seen",
+        "messages",
+        "refused",
+        "stream_id",
+    )
 
     def __init__(self, future: asyncio.Future[bytes]) -> None:
         self.future = future
@@ -288,6 +318,8 @@ class _UnaryCall:
         self.headers_seen = False
         self.connection: RuntimeConnection | None = None
         self.stream_id = 0
+        self.refused = False
+        """The runtime did not process the stream (it may be sent again)."""
 
     def fail(self, status: Status) -> None:
         if not self.future.done():
@@ -333,6 +365,10 @@ class _UnaryCall:
     def up_reset(self, error: int) -> None:
         self.fail(reset_status(error))
 
+    def up_refused(self, error: int | None) -> None:
+        self.refused = not self.headers_seen and not self.future.done()
+        self.fail(going_away_status() if error is None else reset_status(error))
+
     def up_lost(self, status: Status) -> None:
         self.fail(status)
 
@@ -369,9 +405,29 @@ class H2RuntimeClient(RuntimeClient):
         async def call(
             request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
         ) -> bytes:
+            loop = asyncio.get_running_loop()
+            started = time.monotonic()
+            pending = _UnaryCall(loop.create_future())
+            try:
+                return await attempt(pending, request, timeout, metadata)
+            except RuntimeCallFailed:
+                if not pending.refused:
+                    raise
+            # Not processed by the runtime: once more, on another connection, in the time left.
+            left = None
+            if timeout is not None:
+                left = timeout - (time.monotonic() - started)
+                if left <= 0:
+                    raise RuntimeCallFailed(
+                        Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+                    ) from None
+            return await attempt(_UnaryCall(loop.create_future()), request, left, metadata)
+
+        async def attempt(
+            pending: _UnaryCall, request: bytes, timeout: float | None, metadata: Metadata | None
+        ) -> bytes:
             connection = pool.ready() or await pool.connection()
             loop = asyncio.get_running_loop()
-            pending = _UnaryCall(loop.create_future())
             headers = base
             if timeout is not None or metadata:
                 headers = [*base]

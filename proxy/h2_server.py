@@ -10,6 +10,9 @@ Each kubelet connection is a `KubeletConnection` (the asyncio adapter of a sans-
   to refuse a request over `max_message_bytes`. `grpc-timeout` is replaced by what is left of
   it. Flow control holds end to end: a window is given back to one side only when the bytes
   it covers went out on the other, so each stream holds at most one window (RELAY_WINDOW).
+  A request the runtime did not process (GOAWAY, REFUSED_STREAM) is sent once more, as grpc-go
+  does, while nothing of the answer went to kubelet: its bytes are kept until the runtime's
+  headers come (up to REPLAY_LIMIT; a larger request is not retried).
 - `Intercept`: the request message is collected and handed to `Pipeline.handle` as bytes,
   with the metadata and the deadline; its Outcome is the answer or the status.
 - `Buffered` (only where the answer must be seen: RestorePod's observer, and every unary
@@ -63,6 +66,7 @@ from crihook.proxy.h2_runtime import (
     H2RuntimeClient,
     RuntimeConnection,
     RuntimePool,
+    going_away_status,
 )
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
 from crihook.proxy.metrics import OTHER_METHOD, PASSTHROUGH, Metrics, method_label
@@ -70,12 +74,15 @@ from crihook.proxy.outcome import RuntimeCallFailed, Status
 from crihook.proxy.passthrough import Observer, PassthroughRecord, Readiness
 from crihook.proxy.pipeline import Pipeline
 
-__all__ = ["MAX_CONCURRENT_STREAMS", "H2Server", "KubeletConnection"]
+__all__ = ["MAX_CONCURRENT_STREAMS", "REPLAY_LIMIT", "H2Server", "KubeletConnection"]
 
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_STREAMS = 1000
 """Calls one kubelet connection may have open at once (more are refused): as the grpc path."""
+REPLAY_LIMIT = 256 << 10
+"""The largest request a relay keeps to send again if the runtime does not process it (grpc-go's
+per-call retry buffer)."""
 
 _IMAGE_PREFIX = f"/{CRI_PACKAGE}.ImageService/"
 
@@ -175,6 +182,9 @@ class Relay(_Call):
         "headers",
         "pending",
         "pool",
+        "replay",
+        "replay_size",
+        "request_done",
         "sizes",
         "timeout",
         "up",
@@ -192,6 +202,11 @@ class Relay(_Call):
         self.timeout: float | None = None
         self.arrived = 0.0
         self.connecting: asyncio.Future[None] | None = None
+        self.replay: list[bytes] | None = []
+        """The request's DATA so far, to send again if the runtime does not process it; None
+        once it may not be (too large, sent again already, kubelet's trailers, an answer)."""
+        self.replay_size = 0
+        self.request_done = False
 
     def start(self, headers: list[Header], end_stream: bool) -> None:
         server = self.conn.server
@@ -207,11 +222,17 @@ class Relay(_Call):
         self.headers = headers
         self.timeout = timeout
         self.arrived = time.monotonic()
+        self.request_done = end_stream
+        self._go(end_stream)
+
+    def _go(self, end_stream: bool) -> None:
+        """Open the stream to the runtime (now, or once connected); `pending` follows it."""
         up = self.pool.ready()
         if up is not None:
             self._open(up, end_stream)
         else:
-            self.pending = []
+            if self.pending is None:
+                self.pending = []
             self.connecting = asyncio.ensure_future(self._connect(end_stream))
 
     async def _connect(self, end_stream: bool) -> None:
@@ -253,6 +274,15 @@ class Relay(_Call):
         except MessageTooLarge as exc:
             self._give_up(Status(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
             return
+        replay = self.replay
+        if replay is not None:
+            self.replay_size += len(data)
+            if self.replay_size > REPLAY_LIMIT:
+                self.replay = None
+            else:
+                replay.append(data)
+        if end_stream:
+            self.request_done = True
         up = self.up
         if up is None:
             if self.pending is not None:
@@ -261,6 +291,7 @@ class Relay(_Call):
         self._forward(up, data, end_stream, flow)
 
     def down_headers(self, headers: list[Header], end_stream: bool) -> None:
+        self.replay = None  # trailers from kubelet are not kept
         if self.up is not None:
             self.up.h2.send_headers(self.up_id, headers, end_stream)
             self.up.flusher.mark(self.up)
@@ -292,6 +323,7 @@ class Relay(_Call):
         conn.h2.send_headers(self.stream_id, headers, end_stream)
         conn.flusher.mark(conn)
         self.headers_sent = True
+        self.replay = None
         if end_stream:
             self.ended(*_trailer_status(headers))
             self.finish()
@@ -317,6 +349,19 @@ class Relay(_Call):
         conn.flusher.mark(conn)
         self.ended("CANCELLED" if error == CANCEL else "INTERNAL", "runtime")  # (as grpc maps it)
         self.finish()
+
+    def up_refused(self, error: int | None) -> None:
+        self.up = None  # that stream is closed
+        replay = self.replay
+        if replay is not None and self.request_done and not self.headers_sent and not self.done:
+            self.replay = None  # once
+            last = len(replay) - 1
+            self.pending = [(data, i == last, 0) for i, data in enumerate(replay)]
+            self._go(not replay)
+        elif error is None:
+            self.answer(going_away_status())
+        else:
+            self.up_reset(error)
 
     def up_lost(self, status: Status) -> None:
         self.answer(status)

@@ -149,7 +149,7 @@ class Reset(Event):
 
 class GoAway(Event):
     """GOAWAY from the peer: streams above `last_stream_id` were not and will not be
-    processed; no new stream may be opened."""
+    processed (ours are closed: `is_open` is False for them); no new stream may be opened."""
 
     __slots__ = ("debug", "error", "last_stream_id")
 
@@ -546,8 +546,12 @@ class Connection:
             if len(payload) < 8 or stream_id:
                 raise _ProtocolError("a malformed GOAWAY", FRAME_SIZE_ERROR)
             last, error = struct.unpack_from(">LL", payload)
-            self.received_goaway = last & MAX_WINDOW
-            events.append(GoAway(last & MAX_WINDOW, error, bytes(payload[8:])))
+            last &= MAX_WINDOW
+            self.received_goaway = last
+            # Our streams above `last` were never processed: closed, as if never opened (§6.8).
+            for sid in [s for s in self._streams if s > last and (s & 1) == self.client]:
+                self._remove(sid)
+            events.append(GoAway(last, error, bytes(payload[8:])))
         elif kind == PUSH_PROMISE:
             raise _ProtocolError("PUSH_PROMISE although push is disabled")
         # PRIORITY and unknown frame types carry nothing for us (§5.5, §6.3).

@@ -229,17 +229,38 @@ class RawRuntime:
     """A runtime made of our own HTTP/2 layer, on a thread: answers every call with an empty
     message, resets `reset_method`'s streams, streams `flood_method` as fast as the windows
     let it (counting what it could send), and never reads `stall_method`'s requests (its
-    streams' windows are 65,535 bytes and never given back; `stalled` counts what came)."""
+    streams' windows are 65,535 bytes and never given back; `stalled` counts what came).
+
+    Going away (set `goaway_after` once crihook is up): the connection of the next request
+    holds it and the next ones until `goaway_after` are in, unanswered (for
+    `hold` seconds more), then sends GOAWAY naming the first of them its last stream (the
+    others were not processed), and closes; that first one it answers (`first="answer"`),
+    drops (`"drop"`), or also leaves unprocessed (`"refuse"`: the GOAWAY names stream 0).
+    Refusing: the next `refuse` streams (on any connection) get RST_STREAM REFUSED_STREAM.
+    `answered` lists (connection number, path) of every call answered, `refused` the paths
+    refused either way.
+    """
 
     def __init__(
-        self, path: object, reset_method: str = "", flood_method: str = "", stall_method: str = ""
+        self,
+        path: object,
+        reset_method: str = "",
+        flood_method: str = "",
+        stall_method: str = "",
     ) -> None:
         self.path = str(path)
         self.reset_method = reset_method
         self.flood_method = flood_method
         self.stall_method = stall_method
+        self.goaway_after = 0
+        self.first = "answer"
+        self.hold = 0.0
+        self.refuse = 0
         self.flooded = 0
         self.stalled = 0
+        self.connections = 0
+        self.answered: list[tuple[int, str]] = []
+        self.refused: list[str] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.path)
         self.listener.listen(8)
@@ -264,15 +285,25 @@ class RawRuntime:
                 conn, _ = self.listener.accept()
             except TimeoutError:
                 continue
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.connections += 1
+            number = self.connections
+            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True)
             self._threads.append(thread)
             thread.start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _answer(self, h2: Connection, sid: int, number: int, path: str) -> None:
+        h2.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        h2.send_data(sid, b"\0\0\0\0\0")
+        h2.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+        self.answered.append((number, path))
+
+    def _serve(self, sock: socket.socket, number: int) -> None:
         h2 = Connection(client=False, stream_window=65_535)
         sock.settimeout(0.2)
         flooding: int | None = None
         stalled: set[int] = set()
+        held: list[tuple[int, str]] = []
+        going_away = 0
         chunk = struct.pack(">BL", 0, 16_379) + b"f" * 16_379
         with sock:
             while not self._stop.is_set():
@@ -298,7 +329,27 @@ class RawRuntime:
                     ):
                         path = dict(event.headers)[":path"]
                         sid = event.stream_id
-                        if path.endswith("/" + self.reset_method):
+                        if not going_away and self.goaway_after:  # this connection goes away
+                            going_away, self.goaway_after = self.goaway_after, 0
+                        if going_away:
+                            held.append((sid, path))
+                            if len(held) < going_away:
+                                continue
+                            time.sleep(self.hold)
+                            first, first_path = held[0]
+                            kept = 0 if self.first == "refuse" else 1
+                            h2.send_goaway(last_stream_id=first if kept else 0)
+                            self.refused += [p for _, p in held[kept:]]
+                            if self.first == "answer":
+                                self._answer(h2, first, number, first_path)
+                            with contextlib.suppress(OSError):
+                                sock.sendall(h2.data_to_send())
+                            return
+                        if self.refuse:
+                            self.refuse -= 1
+                            h2.send_reset(sid, 0x7)
+                            self.refused.append(path)
+                        elif path.endswith("/" + self.reset_method):
                             h2.send_reset(sid, 0x8)
                         elif path.endswith("/" + self.stall_method):
                             stalled.add(sid)
@@ -308,15 +359,151 @@ class RawRuntime:
                             )
                             flooding = sid
                         else:
-                            h2.send_headers(
-                                sid, [(":status", "200"), ("content-type", "application/grpc")]
-                            )
-                            h2.send_data(sid, b"\0\0\0\0\0")
-                            h2.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+                            self._answer(h2, sid, number, path)
                     elif isinstance(event, Data) and event.stream_id in stalled:
                         self.stalled += len(event.data)
                     elif isinstance(event, Data):
                         h2.consumed(event.stream_id, event.flow_length)
+
+
+# --- streams the runtime did not process are sent again, once --------------------------------
+
+_START = api_pb2.StartContainerRequest(container_id="c1").SerializeToString()
+_STOP = api_pb2.StopContainerRequest(container_id="c2").SerializeToString()
+_MIXED = [  # two relayed, two intercepted
+    ("ContainerStatus", b""),
+    ("PodSandboxStatus", b""),
+    ("StartContainer", _START),
+    ("StopContainer", _STOP),
+]
+
+
+def _at_once(endpoint: str, calls: list[tuple[str, bytes]]) -> dict[str, object]:
+    """Each call on its own kubelet connection, all in flight together: method → result."""
+    results: dict[str, object] = {}
+
+    def one(method: str, request: bytes) -> None:
+        results[method] = _call(endpoint, method, request, timeout=30)
+
+    threads = [threading.Thread(target=one, args=call) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def _answered(runtime: RawRuntime) -> list[tuple[int, str]]:
+    """What the runtime answered of the tests' calls (not crihook's own start-up calls)."""
+    ours = {RUNTIME + method for method, _ in _MIXED}
+    return [(n, path) for n, path in runtime.answered if path in ours]
+
+
+def _codes(results: dict[str, object]) -> list[str]:
+    return sorted(
+        r.code().name if isinstance(r, grpc.RpcError) else "OK"  # type: ignore[attr-defined]
+        for r in results.values()
+    )
+
+
+@pytest.fixture
+def raw_runtime() -> Iterator[RawRuntime]:
+    runtime = RawRuntime(short_tmpdir("rr-") / "rt.sock")
+    yield runtime
+    runtime.stop()
+
+
+def test_streams_above_the_runtimes_goaway_are_sent_again(raw_runtime: RawRuntime) -> None:
+    """GOAWAY names the first of four calls in flight its last stream: that one is answered
+    on the old connection, the three the runtime never processed (relayed and intercepted)
+    are sent once more on a new connection and succeed."""
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.goaway_after = 4
+        results = _at_once(proc.endpoint, _MIXED)
+    assert _codes(results) == ["OK"] * 4, results
+    paths = sorted(RUNTIME + method for method, _ in _MIXED)
+    assert sorted(path for _, path in _answered(raw_runtime)) == paths
+    assert len(raw_runtime.refused) == 3
+    connections = sorted(n for n, _ in _answered(raw_runtime))
+    assert connections == [connections[0]] + [connections[0] + 1] * 3
+
+
+def test_a_stream_the_runtime_took_is_not_sent_again(raw_runtime: RawRuntime) -> None:
+    """The call at the GOAWAY's last stream was taken by the runtime, which then closed
+    without answering: it fails UNAVAILABLE (it may have been processed); the others,
+    never processed, are sent again and succeed."""
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.goaway_after, raw_runtime.first = 4, "drop"
+        results = _at_once(proc.endpoint, _MIXED)
+    assert _codes(results) == ["OK", "OK", "OK", "UNAVAILABLE"], results
+    assert len(_answered(raw_runtime)) == 3 and len(raw_runtime.refused) == 3
+    assert sorted(raw_runtime.refused) == sorted(path for _, path in _answered(raw_runtime))
+
+
+@pytest.mark.parametrize(("method", "request_"), _MIXED[1:3], ids=["relayed", "intercepted"])
+def test_a_refused_stream_is_sent_again_once(
+    raw_runtime: RawRuntime, method: str, request_: bytes
+) -> None:
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.refuse = 1
+        assert isinstance(_call(proc.endpoint, method, request_), tuple)
+        assert raw_runtime.refused == [RUNTIME + method]
+        assert [path for _, path in _answered(raw_runtime)] == [RUNTIME + method]
+
+
+def test_an_intercepted_call_refused_twice_fails_unavailable(raw_runtime: RawRuntime) -> None:
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.refuse = 3
+        result = _call(proc.endpoint, "StartContainer", _START)
+        assert isinstance(result, grpc.RpcError)
+        assert result.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        assert raw_runtime.refused == [RUNTIME + "StartContainer"] * 2  # once sent again only
+        assert _answered(raw_runtime) == []
+
+
+def test_a_relayed_stream_refused_twice_is_refused_to_kubelet(raw_runtime: RawRuntime) -> None:
+    """As the runtime said it: kubelet's grpc may send it again itself."""
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.refuse = 3
+        peer = RawPeer(str(proc.socket_path))
+        try:
+            sid = peer.request("ContainerStatus")
+            peer.read_until(lambda: peer.ended(sid))
+            assert Reset(sid, 0x7) in peer.events
+        finally:
+            peer.close()
+        assert raw_runtime.refused == [RUNTIME + "ContainerStatus"] * 2
+        assert _answered(raw_runtime) == []
+
+
+def test_a_refused_call_is_not_sent_again_past_its_deadline(raw_runtime: RawRuntime) -> None:
+    """kubelet's deadline (0.5 s) passed while the runtime held the call (1.5 s) before its
+    GOAWAY left it unprocessed: DEADLINE_EXCEEDED, and the call is not sent again."""
+    with CrihookProcess(raw_runtime.endpoint, data_path="h2") as proc:
+        raw_runtime.goaway_after, raw_runtime.first, raw_runtime.hold = 1, "refuse", 1.5
+        peer = RawPeer(str(proc.socket_path))
+        try:
+            sid = peer.h2.open_stream()
+            peer.h2.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", RUNTIME + "ContainerStatus"),
+                    (":authority", "localhost"),
+                    ("content-type", "application/grpc"),
+                    ("grpc-timeout", "500m"),
+                ],
+            )
+            peer.h2.send_data(sid, b"\0\0\0\0\0", end_stream=True)
+            peer.send()
+            peer.read_until(lambda: peer.ended(sid))
+            last = [e for e in peer.events if isinstance(e, Headers) and e.stream_id == sid][-1]
+            assert ("grpc-status", "4") in last.headers
+        finally:
+            peer.close()
+        assert raw_runtime.refused == [RUNTIME + "ContainerStatus"]
+        assert _answered(raw_runtime) == []
 
 
 def test_a_slow_reader_holds_the_runtime_back() -> None:

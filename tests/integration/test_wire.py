@@ -54,7 +54,7 @@ def test_when_grpcs_server_stops_serving_crihook_exits_1_to_be_restarted(
     """grpcio's aio server ends its main loop on a method name that is not UTF-8 (found by
     the soak's bit flips): the listener and its socket file go, the process would stay up and
     deaf. crihook notices within a second, says so, and exits 1 for systemd to restart it."""
-    proc = CrihookProcess(fake.endpoint).start()
+    proc = CrihookProcess(fake.endpoint, data_path="grpc").start()
     poisoned = b"/runtime.v1.RuntimeService\xafVersion"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
         peer.connect(str(proc.socket_path))
@@ -63,3 +63,23 @@ def test_when_grpcs_server_stops_serving_crihook_exits_1_to_be_restarted(
         wait_for(lambda: proc.proc.poll() is not None, 30, "crihook to exit")  # type: ignore[union-attr]
     assert proc.proc.returncode == 1
     assert "the gRPC server no longer serves; stopping, exit 1" in proc.log()
+
+
+def test_on_h2_a_method_name_that_is_not_utf8_closes_only_its_connection(
+    fake: FakeRuntime,
+) -> None:
+    """crihook's own HTTP/2 cannot decode that header block: GOAWAY (COMPRESSION_ERROR) on
+    that connection, which closes; crihook serves on."""
+    with CrihookProcess(fake.endpoint, data_path="h2") as proc:
+        poisoned = b"/runtime.v1.RuntimeService\xafVersion"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.connect(str(proc.socket_path))
+            peer.settimeout(10)
+            peer.sendall(PREFACE + frame(SETTINGS, 0, 0) + request(poisoned, b""))
+            rest = b""
+            while chunk := peer.recv(4096):
+                rest += chunk
+        assert rest.endswith(b"\x00\x00\x00\x09")  # GOAWAY, COMPRESSION_ERROR, then closed
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            assert channel.unary_unary("/runtime.v1.RuntimeService/Version")(b"", timeout=10) == b""
+        assert proc.proc is not None and proc.proc.poll() is None

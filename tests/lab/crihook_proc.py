@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from crihook.proxy.config import ServerSettings
 from crihook.proxy.state_cli import load_state
 
 __all__ = [
@@ -33,11 +34,11 @@ _VERSION = "/runtime.v1.RuntimeService/Version"
 DATA_PATHS = ("grpc", "h2")
 DATA_PATH_ENV = "CRIHOOK_TEST_DATA_PATH"
 """Which data path a CrihookProcess runs when its test does not say (`--data-path` of pytest
-sets it): so the whole suite can run on either."""
+sets it; unset: crihook's own default): so the whole suite can run on either."""
 
 
 def default_data_path() -> str:
-    return os.environ.get(DATA_PATH_ENV) or "grpc"
+    return os.environ.get(DATA_PATH_ENV) or ServerSettings().data_path
 
 
 _CREATED: list[Path] = []

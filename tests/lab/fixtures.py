@@ -56,8 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--data-path",
         choices=DATA_PATHS,
         default=None,
-        help="the data path of every crihook started without one (default: grpc, or "
-        f"${DATA_PATH_ENV})",
+        help="the data path of every crihook started without one (default: "
+        f"${DATA_PATH_ENV}, or crihook's own default)",
     )
 
 

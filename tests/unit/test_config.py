@@ -189,7 +189,7 @@ VALID_TOP = [
         "server.max_message_bytes",
         32 * 1024 * 1024,
     ),
-    ("data_path", {"data_path": "h2"}, "server.data_path", "h2"),
+    ("data_path", {"data_path": "grpc"}, "server.data_path", "grpc"),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
     (
         "node",

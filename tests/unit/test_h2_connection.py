@@ -237,10 +237,13 @@ def test_goaway_both_ways() -> None:
     assert conn.receive(peer.headers(3, REQUEST)) == []  # after our GOAWAY: refused
     assert parse(conn.data_to_send()) == [(3, 0, 3, struct.pack(">L", 7))]
     up = client()
-    up.open_stream()
+    assert [up.open_stream(), up.open_stream()] == [1, 3]
     assert up.can_open_stream
     assert up.receive(frame(7, 0, 0, struct.pack(">LL", 1, 0) + b"bye")) == [GoAway(1, 0, b"bye")]
     assert not up.can_open_stream
+    # Stream 3 was never processed: closed (as if never opened); stream 1 goes on.
+    assert (up.is_open(1), up.is_open(3), up.open_streams) == (True, False, 1)
+    assert up.receive(frame(0, 1, 3, b"late")) == []  # nothing for a closed stream
 
 
 def test_the_peer_stream_limit_is_kept_by_the_opener() -> None:
