@@ -81,9 +81,7 @@ class LocalFiles:
         return resolve_locally(path, self._mounts)
 
     def device(self, path: str) -> DeviceNode | None:
-        fstype = self._mounts.blocking_type(path)
-        if fstype is not None:
-            raise WouldBlock(f"looking up {path} reaches a {fstype} file system")
+        self._mounts.require_local(path)
         return _device_node(path)
 
     def nonblocking(self) -> HostFiles:

@@ -95,6 +95,13 @@ class MountTable:
         self.refresh()
         return self.blocking_type_as_read(path)
 
+    def require_local(self, path: str, refresh: bool = True) -> None:
+        """Raise WouldBlock, naming the file system, when a lookup of `path` can block
+        (`refresh=False`: from the table as last read)."""
+        fstype = self.blocking_type(path) if refresh else self.blocking_type_as_read(path)
+        if fstype is not None:
+            raise WouldBlock(f"looking up {path} reaches a {fstype} file system")
+
     def blocking_type_as_read(self, path: str) -> str | None:
         """`blocking_type` from the table as last read (`refresh` first)."""
         for point, fstype in self._blocking:  # a lookup of `path` passes through each prefix
@@ -172,9 +179,7 @@ def resolve_locally(path: str, mounts: MountTable) -> str:
             resolved = os.path.dirname(resolved)  # `resolved` has no symlinks: lexical is right
             continue
         candidate = f"{resolved.rstrip('/')}/{name}"
-        fstype = mounts.blocking_type_as_read(candidate)
-        if fstype is not None:
-            raise WouldBlock(f"looking up {candidate} reaches a {fstype} file system")
+        mounts.require_local(candidate, refresh=False)
         if not stat.S_ISLNK(os.lstat(candidate).st_mode):
             resolved = candidate  # a file followed by more names: the next lstat says ENOTDIR
             continue
