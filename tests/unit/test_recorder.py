@@ -76,10 +76,7 @@ async def test_a_disk_that_fails_drops_and_counts_never_raises(
 ) -> None:
     path = tmp_path / "rec.jsonl"
     rec = recorder(path)
-    rec.start()
-    rec.line(sync(1))
-    rec.call(outcome(2))
-    await _settled(rec, lines=3)
+    await _first_part(rec)
     os.rename(path, tmp_path / "first.jsonl")
     path.mkdir()  # a directory where the file is: every write fails (root too)
     for seq in (3, 4, 5):
@@ -116,6 +113,21 @@ async def test_a_disk_that_fails_drops_and_counts_never_raises(
     failing = [m for m in logged if "cannot write" in m[2]]
     assert len(failing) == 1 and failing[0][:2] == ("crihook.proxy.record", "ERROR")
     assert any("works again" in m[2] for m in logged)
+
+
+async def _first_part(rec: Recorder) -> None:
+    """Start `rec` and have its header, a sync line and a call written."""
+    rec.start()
+    rec.line(sync(1))
+    rec.call(outcome(2))
+    await _settled(rec, lines=3)
+
+
+def _renderer_pid(rec: Recorder) -> int:
+    worker = rec._worker
+    assert worker is not None and worker.transport is not None
+    pid: int = worker.transport.get_pid()
+    return pid
 
 
 async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
@@ -215,13 +227,10 @@ async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_go
 ) -> None:
     path = tmp_path / "rec.jsonl"
     rec = recorder(path)
-    rec.start()
-    rec.line(sync(1))
-    rec.call(outcome(2))
-    await _settled(rec, lines=3)
+    await _first_part(rec)
+    pid = _renderer_pid(rec)
     worker = rec._worker
-    assert worker is not None and worker.transport is not None
-    pid = worker.transport.get_pid()
+    assert worker is not None
     os.kill(pid, signal.SIGSTOP)  # it takes three calls and answers none
     for seq in (3, 4, 5):
         rec.call(outcome(seq))
@@ -263,13 +272,8 @@ async def test_a_renderer_that_falls_behind_bounds_the_backlog_then_marks_the_ga
         lambda: next(seqs),
         max_pending=4,
     )
-    rec.start()
-    rec.line(sync(1))
-    rec.call(outcome(2))
-    await _settled(rec, lines=3)
-    worker = rec._worker
-    assert worker is not None and worker.transport is not None
-    pid = worker.transport.get_pid()
+    await _first_part(rec)
+    pid = _renderer_pid(rec)
     os.kill(pid, signal.SIGSTOP)
     try:
         for seq in range(3, 13):  # 3 to 6 wait for it; 7 to 12 are dropped
@@ -306,13 +310,8 @@ async def test_a_renderer_that_dies_holding_nothing_is_replaced_without_a_gap(
     """Nothing was lost: the new renderer goes on in the same part of the file."""
     path = tmp_path / "rec.jsonl"
     rec = recorder(path)
-    rec.start()
-    rec.line(sync(1))
-    rec.call(outcome(2))
-    await _settled(rec, lines=3)
-    worker = rec._worker
-    assert worker is not None and worker.transport is not None
-    os.kill(worker.transport.get_pid(), signal.SIGKILL)
+    await _first_part(rec)
+    os.kill(_renderer_pid(rec), signal.SIGKILL)
     for _ in range(500):
         if rec._worker is None:
             break
