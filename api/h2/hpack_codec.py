@@ -8,7 +8,9 @@ and `grpc-status: 0` trailers on every call.
   entry or a literal "without indexing"), so a block depends only on its fields and
   repeated blocks come from a cache. It opens with a table size update to 0, so whatever
   table size the peer allows, ours is consistent. The blocks are a little larger; over a
-  unix socket that costs less than keeping a table.
+  unix socket that costs less than keeping a table. A field whose value is new on every
+  call (`grpc-timeout`: what is left of kubelet's deadline) is encoded afresh and its block
+  is not cached: cached, each would evict the blocks and fields that do repeat.
 - `BlockDecoder` is a plain decoder (the `hpack` package's Huffman table, our own loop,
   without its per-field logging and bytes/str round trips) plus a cache of the blocks that
   did not change the dynamic table, valid while the table stays as it was (a generation
@@ -52,6 +54,11 @@ def _string(text: str) -> bytes:
     return _integer(len(data), 7, 0) + data  # not Huffman-coded: cheaper to make
 
 
+_VOLATILE = {"grpc-timeout": b"\x00" + _string("grpc-timeout")}
+"""Names whose values change on every call → their literal's name part (not in the static
+table: a literal without indexing, new name)."""
+
+
 def _field(name: str, value: str) -> bytes:
     index = _STATIC_EXACT.get((name, value))
     if index is not None:
@@ -78,15 +85,23 @@ class BlockEncoder:
             if len(fields) >= _CACHE_LIMIT:
                 fields.clear()
             parts = []
+            volatile = False
             for field in headers:
                 part = fields.get(field)
                 if part is None:
-                    part = fields[field] = _field(*field)
+                    name, value = field
+                    prefix = _VOLATILE.get(name)
+                    if prefix is not None:
+                        volatile = True
+                        parts.append(prefix + _string(value))
+                        continue
+                    part = fields[field] = _field(name, value)
                 parts.append(part)
             block = b"".join(parts)
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[key] = block
+            if not volatile:
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[key] = block
         if not self._started:
             self._started = True
             return b"\x20" + block  # dynamic table size update: 0

@@ -338,6 +338,18 @@ def test_the_encoder_is_stateless_and_hpack_reads_it() -> None:
     assert len(decoder.header_table.dynamic_entries) == 0
 
 
+def test_a_new_timeout_on_every_call_neither_fills_nor_evicts_the_encoders_caches() -> None:
+    encoder = BlockEncoder()
+    decoder = hpack.Decoder()
+    encoder.encode(REQUEST)  # the table size update goes out first
+    cached = encoder.encode(REQUEST)
+    for micros in range(100_000, 100_000 + 3 * 512):
+        pairs = [*REQUEST[:2], ("grpc-timeout", f"{micros}u"), *REQUEST[2:]]
+        assert decoder.decode(encoder.encode(pairs), raw=False) == pairs
+    assert len(encoder._cache) == 1 and len(encoder._fields) == len(REQUEST)
+    assert encoder.encode(REQUEST) is cached
+
+
 def test_the_decoder_refuses_bad_indexes_and_oversized_lists() -> None:
     with pytest.raises(hpack.HPACKError):
         BlockDecoder(1 << 20).decode(b"\xff\x70")  # an index far past both tables
