@@ -238,6 +238,8 @@ class Connection:
         self._stream_window = stream_window
         self._max_streams = max_concurrent_streams
         self._streams: dict[int, _Stream] = {}
+        # Streams with DATA waiting for a window: what a connection WINDOW_UPDATE may send.
+        self._holding: dict[int, _Stream] = {}
         self._out: list[bytes | memoryview] = []
         self._inbox = bytearray()
         self._awaiting_preface = not client
@@ -350,6 +352,7 @@ class Connection:
         if size:
             if stream.held is None:
                 stream.held = collections.deque()
+                self._holding[stream_id] = stream
             stream.held.append(memoryview(data) if size > self._peer_max_frame else data)
             stream.held_bytes += size
         if end_stream:
@@ -432,6 +435,7 @@ class Connection:
                     return sent
         if not held:
             stream.held = None
+            self._holding.pop(stream_id, None)
             closing, stream.closing = stream.closing, None
             if closing is _END:
                 out.append(_frame_header(DATA, END_STREAM, stream_id, 0))
@@ -442,7 +446,7 @@ class Connection:
         return sent
 
     def _flush_all(self, events: list[Event]) -> None:
-        for stream_id, stream in list(self._streams.items()):
+        for stream_id, stream in list(self._holding.items()):
             if stream.held is not None:
                 sent = self._flush(stream_id, stream)
                 if sent:
@@ -455,6 +459,7 @@ class Connection:
 
     def _remove(self, stream_id: int) -> None:
         del self._streams[stream_id]
+        self._holding.pop(stream_id, None)
         if (stream_id & 1) == self.client:
             self._open -= 1
         else:

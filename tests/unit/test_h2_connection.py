@@ -177,6 +177,21 @@ def test_the_connection_window_holds_every_stream() -> None:
     assert conn.receive(frame(8, 0, 0, struct.pack(">L", 1000))) == [Flushed(b, 1000)]
 
 
+def test_a_connection_window_update_serves_only_the_streams_still_holding_data() -> None:
+    conn = client()
+    idle = [conn.open_stream() for _ in range(10)]
+    a, b, c = conn.open_stream(), conn.open_stream(), conn.open_stream()
+    assert conn.send_data(a, b"x" * 60_000) == 60_000
+    assert conn.send_data(b, b"y" * 3_000) == 3_000
+    assert conn.send_data(c, b"z" * 4_000) == 2_535  # the connection window is spent
+    assert conn.send_data(b, b"y" * 2_000) == 0
+    conn.send_reset(c)  # what it held is dropped with it
+    conn.data_to_send()
+    assert conn.receive(frame(8, 0, 0, struct.pack(">L", 5_000))) == [Flushed(b, 2_000)]
+    assert conn.receive(frame(8, 0, 0, struct.pack(">L", 5_000))) == []
+    assert all(conn.held(s) == 0 for s in (*idle, a, b, c))
+
+
 def test_trailers_wait_behind_held_data() -> None:
     conn = client()
     conn.receive(settings(window=10))
