@@ -71,6 +71,7 @@ __all__ = [
     "Breaker",
     "Chain",
     "ChainEntry",
+    "failures_of",
     "is_exempt",
     "required_hooks",
 ]
@@ -683,6 +684,7 @@ class Chain:
                 ),
                 "breaker": e.breaker.state,
                 "counters": dict(e.counters),
+                "failures": failures_of(e.hook),
             }
             for e in self.entries
         ]
@@ -690,6 +692,12 @@ class Chain:
     async def close(self) -> None:
         for entry in self.entries:
             await entry.hook.close()
+
+
+def failures_of(hook: ChainHook) -> dict[str, int]:
+    """An in-process hook's own failure counts (`Hook.failures`); a plugin reports none."""
+    failures = getattr(hook, "failures", None)
+    return dict(failures()) if failures is not None else {}
 
 
 def _pod_label(pod: PodView) -> str:

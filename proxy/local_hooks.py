@@ -64,6 +64,10 @@ class LocalHook:
         """The hook's pool figures (`Hook.usage`), for metrics."""
         return self.impl.usage()
 
+    def failures(self) -> dict[str, int]:
+        """The hook's own failure counts (`Hook.failures`), for status and metrics."""
+        return dict(self.impl.failures())
+
 
 def load_local_hook(settings: HookSettings) -> LocalHook:
     """Import and build the hook class; every problem is a ConfigError naming the hook."""

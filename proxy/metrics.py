@@ -7,8 +7,9 @@ Two kinds of figures:
   and each hook's run from the outcome's trace: verdict, duration, the fields it adjusted),
   every pass-through call from the data path through `observe_call`.
 - **Read when scraped**, also on the loop: the chain's per-hook counters and breakers, the
-  pools the built-in hooks keep (`Hook.usage`, see `hooks.spec.usage`), the store's size,
-  failed updates to other containers, readiness and the build.
+  pools the built-in hooks keep (`Hook.usage`, see `hooks.spec.usage`) and their own
+  failures (`Hook.failures`), the store's size, failed updates to other containers,
+  readiness and the build.
 
 `snapshot()` copies both on the loop (the state is the loop's; reading it from a thread
 would race with the calls), in plain dicts and tuples: cheap. `Snapshot.families()` builds
@@ -16,8 +17,8 @@ the metric families from that copy, and `proxy.metrics_http` renders them as tex
 worker thread.
 
 Labels are bounded: CRI method names (a method crihook does not know is `other`), status
-codes, hook names from the config, stages, verdicts, adjustment fields, pool names and NUMA
-nodes. Never a pod or container name or id.
+codes, hook names from the config, stages, verdicts, adjustment fields, pool names, NUMA
+nodes and the kinds of work a hook names in `Hook.failures`. Never a pod or container name or id.
 
 The data path reports a pass-through call with
 
@@ -49,7 +50,7 @@ from prometheus_client.core import (
 
 from crihook import __version__
 from crihook.hooks.spec import Adjustment, PoolUsage
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain import Chain, failures_of
 from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.methods import known_methods
 from crihook.proxy.outcome import Outcome
@@ -196,7 +197,11 @@ class Metrics:
         sources = self.sources
         hooks = [
             _HookFigures(
-                entry.name, dict(entry.counters), entry.breaker.state, entry.hook.connected
+                entry.name,
+                dict(entry.counters),
+                entry.breaker.state,
+                entry.hook.connected,
+                failures_of(entry.hook),
             )
             for entry in sources.chain.entries
         ]
@@ -232,6 +237,7 @@ class _HookFigures(NamedTuple):
     counters: dict[str, int]
     breaker: str
     connected: bool
+    failures: dict[str, int]
 
 
 Counts = tuple[tuple[int, ...], float]
@@ -328,6 +334,15 @@ class Snapshot:
             connected.add_metric((hook.name,), 1.0 if hook.connected else 0.0)
         yield breaker
         yield connected
+        failures = CounterMetricFamily(
+            "crihook_hook_failures",
+            "Work a hook does beside the calls that failed (it tries again later), by what",
+            labels=("hook", "what"),
+        )
+        for hook in self.hooks:
+            for what, count in sorted(hook.failures.items()):
+                failures.add_metric((hook.name, what), count)
+        yield failures
 
     def _node_families(self) -> Iterator[Metric]:
         families = {

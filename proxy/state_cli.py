@@ -81,6 +81,10 @@ def render_state(doc: dict[str, Any]) -> str:
             )
             for layer in hook.get("permissions", []):
                 lines.append(f"    may set: {', '.join(layer) or 'nothing'}")
+            failed = {what: n for what, n in sorted(hook.get("failures", {}).items()) if n}
+            if failed:
+                listed = ", ".join(f"{what} {n}" for what, n in failed.items())
+                lines.append(f"    failed beside the calls (tried again): {listed}")
     containers_by_pod: dict[str, list[dict[str, Any]]] = {}
     for record in doc["containers"].values():
         containers_by_pod.setdefault(record["view"]["pod_id"], []).append(record)

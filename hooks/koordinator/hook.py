@@ -117,6 +117,9 @@ class KoordinatorHook(Hook):
         """The CPU ledger's pools, when this hook places CPUs."""
         return self._cpus.usage() if self._cpus is not None else ()
 
+    def failures(self) -> Mapping[str, int]:
+        return {"pod_cgroup": self.pod_cgroup_failures}
+
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         self._node = sync.node

@@ -225,6 +225,13 @@ class Hook:
         default."""
         return ()
 
+    def failures(self) -> Mapping[str, int]:
+        """Work the hook does beside the calls that failed and is tried again later (a
+        failure on a call is the chain's to count), by what it was, counted since start: for
+        `crihook state` and the `crihook_hook_failures` metric. Asked on the event loop;
+        quick, never blocking. None by default."""
+        return {}
+
 
 def subscriptions_of(hook: object) -> frozenset[tuple[Event, Stage]]:
     """The (event, stage) pairs a hook implements, from its methods.

@@ -408,6 +408,7 @@ async def test_a_failed_write_is_logged_counted_and_tried_again(
     assert writes(node) == []
     await node.create(pod, besteffort("a"), "a1")  # still failing: counted again
     assert hook.pod_cgroup_failures == 2  # type: ignore[attr-defined]
+    assert hook.failures() == {"pod_cgroup": 2}  # what `crihook state` and metrics show
     node.cgroups.fail.clear()
     await node.create(pod, besteffort("b"), "b1")  # the pod's next container: tried again
     assert [p for p, _ in writes(node)] == [parent]

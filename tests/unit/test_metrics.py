@@ -9,10 +9,20 @@ import grpc
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, ResourceDelta, Stage
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerView,
+    Event,
+    Hook,
+    HookContext,
+    PodView,
+    ResourceDelta,
+    Stage,
+)
 from crihook.proxy.call_log import call_fields
 from crihook.proxy.chain import Chain
-from crihook.proxy.config import ChainSettings
+from crihook.proxy.config import ChainSettings, HookSettings
+from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.metrics import Histogram, Metrics, Sources, _histogram, method_label
 from crihook.proxy.outcome import Outcome, Status
 from crihook.proxy.passthrough import Readiness
@@ -116,6 +126,32 @@ def test_an_outcome_counts_the_call_and_each_hook_run(tmp_path: Path) -> None:
     assert value(samples, "crihook_hook_duration_seconds_count", hook="10-a", stage="pre") == 1
     assert value(samples, "crihook_container_update_failures_total") == 3
     assert value(samples, "crihook_ready") == 0
+
+
+class _FailingBeside(Hook):
+    """Counts work of its own that failed beside the calls (as koordinator's pod cgroups)."""
+
+    def __init__(self) -> None:
+        self.failed = {"pod_cgroup": 0, "other": 0}
+
+    def failures(self) -> dict[str, int]:
+        return dict(self.failed)
+
+    async def post_run_pod_sandbox(self, ctx: HookContext) -> None:
+        return None
+
+
+def test_a_hooks_own_failures_are_exported_by_what(tmp_path: Path) -> None:
+    metrics = _metrics(tmp_path)
+    hook = _FailingBeside()
+    entry = Chain.entry(LocalHook("30-koord", hook), HookSettings(name="30-koord"))
+    metrics.sources.chain.set_builtin([entry])
+    hook.failed["pod_cgroup"] = 2
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    failures = "crihook_hook_failures_total"
+    assert value(samples, failures, hook="30-koord", what="pod_cgroup") == 2
+    assert value(samples, failures, hook="30-koord", what="other") == 0
+    assert metrics.sources.chain.status()[0]["failures"] == {"pod_cgroup": 2, "other": 0}
 
 
 class _Families:

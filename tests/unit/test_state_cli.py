@@ -64,6 +64,14 @@ def test_a_stopped_crihook_is_not_shown_ready_or_connected() -> None:
     assert "connected=False" in hook
 
 
+def test_a_hooks_own_failures_are_listed_under_it() -> None:
+    failing = {**HOOK, "failures": {"pod_cgroup": 3, "other": 0}}
+    doc = {"status": status(hooks=[failing]), "pods": {}, "containers": {}, "hook_states": {}}
+    lines = render_state(doc).splitlines()
+    hook = next(i for i, line in enumerate(lines) if line.startswith("  hook 20-cpuset"))
+    assert lines[hook + 1] == "    failed beside the calls (tried again): pod_cgroup 3"
+
+
 def test_json_says_whether_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "status.json").write_text(json.dumps(status(running=False, stopped_at=NOW)))
     assert main(["state", "--state-dir", str(tmp_path), "--json"]) == 0
