@@ -64,7 +64,10 @@ holding from the runtime when it stopped before it recorded it."""
 
 
 def assigned_value(devices: Mapping[str, Sequence[str]]) -> str:
-    return json.dumps({p: list(ids) for p, ids in devices.items()}, separators=(",", ":"))
+    return _compact({p: list(ids) for p, ids in devices.items()})
+
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # made once, not per call
 
 
 def parse_assigned(value: str) -> dict[str, tuple[str, ...]]:
