@@ -37,11 +37,19 @@ from google.protobuf.message import DecodeError, Message
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
-from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, Stage, TopologyHint
-from crihook.hooks.spec.adjustment import Field, describe_key
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerView,
+    Event,
+    PodView,
+    ResourceDelta,
+    Stage,
+    TopologyHint,
+)
+from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
 from crihook.proxy.config import Settings
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.merge import jsonable
+from crihook.proxy.merge import from_jsonable, jsonable
 from crihook.proxy.methods import INTERCEPTED
 from crihook.proxy.observe import Observation
 from crihook.proxy.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
@@ -53,6 +61,7 @@ __all__ = [
     "UNCHANGED",
     "AdjustmentRecord",
     "CallRecord",
+    "adjustment_of",
     "call_line",
     "call_record",
     "container_label",
@@ -391,6 +400,26 @@ def _answer(answer: Any, redactor: Redactor) -> Any:
     if isinstance(answer, Mapping):  # hints: resource → TopologyHints
         return {str(resource): _hints(hints) for resource, hints in answer.items()}
     return repr(answer)
+
+
+def adjustment_of(doc: Mapping[str, Any]) -> Adjustment:
+    """The Adjustment a hook's recorded answer (`{"set": {...}, "updates": [...]}`) stands
+    for: the reverse of the rendering above (for a replay standing in for a plugin). A
+    redacted value comes back as `<redacted>` (the replay redacts what it forwards the same
+    way before comparing). ValueError/TypeError for an answer no Adjustment renders to."""
+    adjustment = Adjustment()
+    changes = doc.get("set", {})
+    if not isinstance(changes, Mapping):
+        raise TypeError(f"set: {changes!r} is not an object")
+    for text, shown in changes.items():
+        key = parse_key(text)
+        adjustment.set_raw(key, from_jsonable(key, shown))
+    for update in doc.get("updates", ()):
+        if not isinstance(update, Mapping) or not isinstance(update.get("resources"), Mapping):
+            raise TypeError(f"update {update!r} has no resources")
+        resources = ResourceDelta(**update["resources"])
+        adjustment.update_container(str(update.get("container_id", "")), resources)
+    return adjustment
 
 
 def _hints(hints: Sequence[TopologyHint] | None) -> Any:
