@@ -35,7 +35,9 @@ from crihook.hooks.node import (
     LinuxFiles,
     LinuxHost,
     LinuxPodCgroups,
+    Netlink,
     PodCgroups,
+    PyrouteNetlink,
     Topology,
     TopologyError,
 )
@@ -98,6 +100,7 @@ class App:
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
         cgroups: PodCgroups = LinuxPodCgroups()
+        netlink: Netlink = PyrouteNetlink()
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
@@ -124,6 +127,7 @@ class App:
             settings.node.topology_scope,
             files=files,
             cgroups=cgroups,
+            netlink=netlink,
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
