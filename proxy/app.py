@@ -53,7 +53,13 @@ from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
 from crihook.proxy.metrics_http import MetricsServer
-from crihook.proxy.observe import ObservedCgroups, ObservedFiles, ObservedHost, ObservedQueries
+from crihook.proxy.observe import (
+    ObservedCgroups,
+    ObservedFiles,
+    ObservedHost,
+    ObservedNetlink,
+    ObservedQueries,
+)
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
@@ -106,6 +112,7 @@ class App:
         if settings.record.file is not None:
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
+            netlink = ObservedNetlink(netlink)
             queries = ObservedQueries(queries)  # delegates what it does not observe
             self.recorder = Recorder(
                 settings.record,

@@ -26,6 +26,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,24 +54,20 @@ from crihook.proxy.record_format import (
 )
 from crihook.proxy.redact import Redactor
 from crihook.proxy.render import render
-from crihook.proxy.replay_diff import Difference, field_diff
+from crihook.proxy.replay_diff import ABSENT, Difference, field_diff
 from crihook.proxy.replay_file import (
     CallEntry,
     Recording,
     Segment,
     SyncEntry,
 )
-from crihook.proxy.replay_seams import RecordedNode, RecordedRuntime
+from crihook.proxy.replay_seams import RecordedNetlink, RecordedNode, RecordedRuntime
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.sync import Synchronizer, SyncReport
 
-__all__ = ["NOT_REPLAYED", "EntryResult", "ReplayReport", "replay", "settings_for"]
+__all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 
 log = logging.getLogger(__name__)
-
-NOT_REPLAYED = frozenset({"netdev"})
-"""Built-in hooks a replay leaves out: netdev acts on network namespaces through netlink,
-which no recording carries (it changes no request; its refusals are not replayed)."""
 
 
 @dataclass
@@ -189,6 +186,7 @@ class _SegmentReplay:
             settings.node.topology_scope,
             files=node,
             cgroups=node,
+            netlink=RecordedNetlink(node),
         )
         self.reports: list[SyncReport] = []
         self.sync.on_sync = self.reports.append
@@ -220,12 +218,6 @@ class _SegmentReplay:
     async def _build_chain(self) -> None:
         entries: list[ChainEntry] = []
         for hook_settings in self.settings.chain.hooks:
-            if hook_settings.base_name in NOT_REPLAYED and hook_settings.module is None:
-                self.report.warnings.append(
-                    f"hook {hook_settings.name} is not replayed: it acts on network namespaces "
-                    "through netlink, which a recording does not carry"
-                )
-                continue
             entries.append(Chain.entry(load_local_hook(hook_settings), hook_settings))
         self.chain.set_builtin(entries)
         for entry in self.chain.entries:
@@ -437,11 +429,22 @@ def _updates_diff(
 def _effects_diff(
     recorded_observed: Sequence[dict[str, Any]], replayed: Sequence[dict[str, Any]]
 ) -> list[Difference]:
+    """What hooks did to the host, change by change (`host move_in(...): recorded "made",
+    replayed (absent)`); the same changes in another order as one difference."""
     recorded = RecordedNode.recorded_effects(recorded_observed)
     mine = RecordedNode.recorded_effects(replayed)
     if recorded == mine:
         return []
-    return [Difference("host", "", recorded, mine)]
+    only_recorded = Counter(recorded) - Counter(mine)
+    only_replayed = Counter(mine) - Counter(recorded)
+    if not only_recorded and not only_replayed:
+        return [Difference("host", "(order)", recorded, mine)]
+    out = []
+    for effect, count in only_recorded.items():
+        out += [Difference("host", effect, "made", ABSENT)] * count
+    for effect, count in only_replayed.items():
+        out += [Difference("host", effect, ABSENT, "made")] * count
+    return out
 
 
 def _with_effects(

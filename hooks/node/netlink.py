@@ -20,7 +20,7 @@ import errno
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +42,28 @@ class LinkInfo:
     up: bool
     kind: str = ""
     """The link kind (`macvlan`, `veth`, ...); empty for a physical interface."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As recordings note an answer (JSON)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "mac": self.mac,
+            "mtu": self.mtu,
+            "up": self.up,
+            "kind": self.kind,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> LinkInfo:
+        return cls(
+            int(doc["index"]),
+            str(doc["name"]),
+            str(doc["mac"]),
+            int(doc["mtu"]),
+            bool(doc["up"]),
+            str(doc.get("kind", "")),
+        )
 
 
 class NetlinkSession(Protocol):
