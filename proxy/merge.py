@@ -147,6 +147,9 @@ class Merger:
         """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
         self.refused: list[dict[str, Any]] = []
         """Changes hooks were not permitted to make ({hook, fields}), for the audit."""
+        self.refused_answers: dict[str, Adjustment] = {}
+        """Hook → the adjustment the chain refused (invalid, not permitted), for the trace:
+        a recording keeps what the hook asked, so a replay can ask it again."""
 
     @property
     def changed(self) -> bool:
