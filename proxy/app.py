@@ -66,7 +66,7 @@ from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory
 from crihook.proxy.record import Recorder, device_pool_facts
-from crihook.proxy.record_format import header_line, sync_line
+from crihook.proxy.record_format import header_line, plugins_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
@@ -166,6 +166,7 @@ class App:
             self._snapshot,
             builtin,
             on_sync_updates=self._plugin_sync_updates,
+            on_change=self._record_plugins if self.recorder is not None else None,
         )
         self.store.status_provider = self.status
         self.started_at = time.time()
@@ -209,7 +210,15 @@ class App:
     def _header_line(self) -> dict[str, Any]:
         pools, facts = device_pool_facts(self.settings, self._files)
         redacted = not self.settings.record.secrets
-        return header_line(self.settings, self.node, pools, facts, time.time(), redacted)
+        plugins = [entry.settings for entry in self.chain.plugins]
+        return header_line(self.settings, self.node, pools, facts, time.time(), redacted, plugins)
+
+    def _record_plugins(self) -> None:
+        """The drop-ins changed the plugins in the chain: a replay stands in for them from
+        here on."""
+        assert self.recorder is not None
+        plugins = [entry.settings for entry in self.chain.plugins]
+        self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
         """What a rotated file starts from: the pods, containers and hook states now (taken

@@ -6,13 +6,17 @@
     {"kind": "call", "seq": 2, "time": ..., "method": "CreateContainer", "pod": "ns/name",
      "container": "app", "request": {"b64": ..., "json": {...}}, "forwarded": "unchanged",
      "response": {...}, "status": null, "hooks": [...], "updates": [...], "observed": [...]}
+    {"kind": "plugins", "seq": 9, "plugins": [{"name": "50-annotate", ...}]}
     {"kind": "snapshot", ...}      after a rotation: the state the next calls start from
     {"kind": "passthrough", ...}   --record-all: a unary call no hook sees
     {"kind": "gap", "dropped": 3}  lines the disk did not take
 
 - `header` opens every file and every crihook process's part of one: crihook's version, the
-  effective configuration (a config document `settings_from_toml` reads back) and the node
-  facts the hooks use (the sysfs topology with memory per NUMA node, the device pools).
+  effective configuration (a config document `settings_from_toml` reads back), the node
+  facts the hooks use (the sysfs topology with memory per NUMA node, the device pools) and
+  the plugins in the chain then (their drop-ins' settings, `plugin_docs`).
+- `plugins`: the plugins in the chain from then on (`seq`: among the calls), each time the
+  drop-in directory changes them. A replay stands in for each, with its recorded answers.
 - `call`: the request as received and as forwarded (`"unchanged"`: kubelet's bytes; null: not
   forwarded) as exact protobuf bytes (base64) and readable: the request rendered whole, the
   forwarded one as its `changes` (field path → new value; rendering it whole again would
@@ -47,8 +51,8 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
-from crihook.proxy.config import Settings
-from crihook.proxy.config_doc import settings_doc
+from crihook.proxy.config import HookSettings, Settings
+from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.merge import from_jsonable, jsonable
 from crihook.proxy.methods import INTERCEPTED
 from crihook.proxy.observe import Observation
@@ -72,6 +76,7 @@ __all__ = [
     "metadata_doc",
     "observation_docs",
     "passthrough_line",
+    "plugins_line",
     "pod_label",
     "status_doc",
     "sync_line",
@@ -90,6 +95,7 @@ def header_line(
     files: Iterable[Observation],
     time: float,
     redacted: bool,
+    plugins: Sequence[HookSettings] = (),
 ) -> dict[str, Any]:
     """The line every recorded file (and every crihook process's part of it) starts with."""
     return {
@@ -104,7 +110,13 @@ def header_line(
             "device_pools": [dict(p) for p in device_pools],
             "files": observation_docs(files),
         },
+        "plugins": plugin_docs(plugins),
     }
+
+
+def plugins_line(seq: int, time: float, plugins: Sequence[HookSettings]) -> dict[str, Any]:
+    """The plugins in the chain from `seq` on (the drop-in directory changed them)."""
+    return {"kind": "plugins", "seq": seq, "time": round(time, 6), "plugins": plugin_docs(plugins)}
 
 
 def message_doc(
