@@ -3,30 +3,40 @@ the pipeline and a chain built from a config document, the synchronizer, the sea
 to note what hooks ask and change (a kernel in memory behind netlink), and the lines written
 as the recorder writes them. For record → replay round trips in the unit tests; the same
 thing through a real crihook process is in tests/integration/test_record_replay.py.
+
+Plugins are in-process hooks put in the chain's plugin entries with a drop-in's settings
+(`set_plugins`): the chain treats them as it treats `RemoteHook`s, and the recording notes
+them as it notes drop-ins.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec import ContainerState, Event
+from crihook.hooks.spec import ContainerState, Event, Hook
 from crihook.proxy.chain import Chain
-from crihook.proxy.config import Settings, settings_from_toml
-from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.config import HookSettings, Settings, settings_from_toml
+from crihook.proxy.local_hooks import LocalHook, load_local_hook
 from crihook.proxy.observe import ObservedHost, ObservedNetlink, ObservedQueries
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.record_format import call_line, encode_line, header_line, sync_line
+from crihook.proxy.record_format import (
+    call_line,
+    encode_line,
+    header_line,
+    plugins_line,
+    sync_line,
+)
 from crihook.proxy.redact import Redactor
 from crihook.proxy.store import Store
 from crihook.proxy.sync import Synchronizer, SyncReport
-from tests.lab.kubelet_encoding import PodSpec, sandbox_config
-from tests.unit.hook_harness import SMALL, FakeHost, topology_of
+from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.unit.hook_harness import NODE_MEMORY, SMALL, FakeHost, topology_of
 from tests.unit.netdev_fakes import FakeKernel, FakeNetlink
 
 __all__ = ["TOPOLOGY", "RecordingNode"]
@@ -53,6 +63,10 @@ class _Runtime:
                 self.netns[sandbox] = f"/var/run/netns/cni-{self._next}"
                 self.kernel.add_netns(self.netns[sandbox])
                 return api_pb2.RunPodSandboxResponse(pod_sandbox_id=sandbox).SerializeToString()
+            if method == "CreateContainer":
+                self._next += 1
+                container = f"c{self._next:063x}"
+                return api_pb2.CreateContainerResponse(container_id=container).SerializeToString()
             if method == "StopPodSandbox":
                 sandbox = api_pb2.StopPodSandboxRequest.FromString(request).pod_sandbox_id
                 path = self.netns.get(sandbox)
@@ -79,7 +93,12 @@ class _Runtime:
 class RecordingNode:
     """`await RecordingNode(dir, config).start()`, calls, then `write(path)`."""
 
-    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: Mapping[str, Any],
+        plugins: Sequence[tuple[HookSettings, Hook]] = (),
+    ) -> None:
         self.settings: Settings = settings_from_toml(config)
         self.kernel = FakeKernel()
         self.runtime = _Runtime(self.kernel)
@@ -89,7 +108,9 @@ class RecordingNode:
         readiness.set(True)
         self.pipeline = Pipeline(self.runtime, self.chain, self.store, readiness)
         self.redactor = Redactor(self.settings.record.redact_annotations)
-        header = header_line(self.settings, TOPOLOGY, [], [], time.time(), True)
+        self._plugins = list(plugins)
+        settings = [h for h, _ in self._plugins]
+        header = header_line(self.settings, TOPOLOGY, [], [], time.time(), True, settings)
         self.lines: list[dict[str, Any]] = [header]
         self.pipeline.on_outcome = self._call
         self.sync = Synchronizer(
@@ -109,10 +130,22 @@ class RecordingNode:
         self.chain.set_builtin(
             [Chain.entry(load_local_hook(h), h) for h in self.settings.chain.hooks]
         )
+        self.chain.set_plugins(
+            [Chain.entry(LocalHook(h.name, hook), h) for h, hook in self._plugins]
+        )
         for entry in self.chain.entries:
             await entry.hook.start()
         await self.sync.synchronize("start")
         return self
+
+    def set_plugins(self, plugins: Sequence[tuple[HookSettings, Hook]]) -> None:
+        """The drop-in directory changed: these plugins from now on (a `plugins` line)."""
+        self._plugins = list(plugins)
+        self.chain.set_plugins(
+            [Chain.entry(LocalHook(h.name, hook), h) for h, hook in self._plugins]
+        )
+        line = plugins_line(self.pipeline.next_seq(), time.time(), [h for h, _ in self._plugins])
+        self.lines.append(line)
 
     def _call(self, outcome: Outcome) -> None:
         self.lines.append(call_line(outcome, self.redactor))
@@ -129,6 +162,14 @@ class RecordingNode:
     async def run_pod(self, spec: PodSpec) -> Outcome:
         request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
         return await self.pipeline.handle(Event.RUN_POD_SANDBOX, request.SerializeToString())
+
+    async def create(self, spec: PodSpec, sandbox: str, container: ContainerSpec) -> Outcome:
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=sandbox,
+            config=container_config(spec, container, node_memory=NODE_MEMORY),
+            sandbox_config=sandbox_config(spec),
+        )
+        return await self.pipeline.handle(Event.CREATE_CONTAINER, request.SerializeToString())
 
     async def stop_pod(self, sandbox: str) -> None:
         for event, message in (
