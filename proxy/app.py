@@ -35,7 +35,9 @@ from crihook.hooks.node import (
     LinuxFiles,
     LinuxHost,
     LinuxPodCgroups,
+    Netlink,
     PodCgroups,
+    PyrouteNetlink,
     Topology,
     TopologyError,
 )
@@ -51,14 +53,20 @@ from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
 from crihook.proxy.metrics_http import MetricsServer
-from crihook.proxy.observe import ObservedCgroups, ObservedFiles, ObservedHost, ObservedQueries
+from crihook.proxy.observe import (
+    ObservedCgroups,
+    ObservedFiles,
+    ObservedHost,
+    ObservedNetlink,
+    ObservedQueries,
+)
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory
 from crihook.proxy.record import Recorder, device_pool_facts
-from crihook.proxy.record_format import header_line, sync_line
+from crihook.proxy.record_format import header_line, plugins_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
@@ -98,11 +106,13 @@ class App:
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
         cgroups: PodCgroups = LinuxPodCgroups()
+        netlink: Netlink = PyrouteNetlink()
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
+            netlink = ObservedNetlink(netlink)
             queries = ObservedQueries(queries)  # delegates what it does not observe
             self.recorder = Recorder(
                 settings.record,
@@ -124,6 +134,7 @@ class App:
             settings.node.topology_scope,
             files=files,
             cgroups=cgroups,
+            netlink=netlink,
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
@@ -155,6 +166,7 @@ class App:
             self._snapshot,
             builtin,
             on_sync_updates=self._plugin_sync_updates,
+            on_change=self._record_plugins if self.recorder is not None else None,
         )
         self.store.status_provider = self.status
         self.started_at = time.time()
@@ -198,7 +210,15 @@ class App:
     def _header_line(self) -> dict[str, Any]:
         pools, facts = device_pool_facts(self.settings, self._files)
         redacted = not self.settings.record.secrets
-        return header_line(self.settings, self.node, pools, facts, time.time(), redacted)
+        plugins = [entry.settings for entry in self.chain.plugins]
+        return header_line(self.settings, self.node, pools, facts, time.time(), redacted, plugins)
+
+    def _record_plugins(self) -> None:
+        """The drop-ins changed the plugins in the chain: a replay stands in for them from
+        here on."""
+        assert self.recorder is not None
+        plugins = [entry.settings for entry in self.chain.plugins]
+        self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
         """What a rotated file starts from: the pods, containers and hook states now (taken

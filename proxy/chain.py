@@ -241,6 +241,11 @@ class Chain:
         self._plugins = list(entries)
         self._rebuild()
 
+    @property
+    def plugins(self) -> list[ChainEntry]:
+        """The out-of-process entries (drop-ins), as last set."""
+        return list(self._plugins)
+
     def _rebuild(self) -> None:
         merged = sorted(self._builtin + self._plugins, key=_order)
         names = [e.settings.base_name for e in merged]
@@ -319,14 +324,17 @@ class Chain:
                 adjustment = await self._adjustment(entry, merger, post, ctx, must)
             except BaseException as exc:
                 if trace is not None:
-                    trace.append(_failed_run(entry.name, stage, exc, started))
+                    refused = merger.refused_answers.get(entry.name)
+                    trace.append(_failed_run(entry.name, stage, exc, started, refused))
                 raise
             if not adjustment:  # None, or empty (with at most a reason)
                 if trace is not None:
                     why = merger.unapplied.get(entry.name, "")
                     verdict = "ignored" if why else "nothing"
                     why = why or (adjustment.reason if adjustment is not None else "")
-                    trace.append((entry.name, stage, verdict, why, None, perf_counter() - started))
+                    refused = merger.refused_answers.get(entry.name)
+                    elapsed = perf_counter() - started
+                    trace.append((entry.name, stage, verdict, why, refused, elapsed))
                 continue
             dry = self.settings.dry_run or entry.settings.dry_run
             if trace is not None:
@@ -564,6 +572,8 @@ class Chain:
                     "see allow in its settings)",
                 )
         except (HookInvalidAdjustment, HookNotPermitted) as error:
+            if isinstance(answer, Adjustment):
+                merger.refused_answers[entry.name] = answer
             entry.breaker.failure()
             entry.counters["failures"] += 1
             self._fail_or_ignore(entry, error, ctx.event, ctx.pod, must)
@@ -711,15 +721,18 @@ def _run(
     return (hook, stage, verdict, why, answer, perf_counter() - started)
 
 
-def _failed_run(hook: str, stage: Stage, exc: BaseException, started: float) -> tuple[Any, ...]:
-    """A hook's run that ended the call: refused it, or failed under `fail`."""
+def _failed_run(
+    hook: str, stage: Stage, exc: BaseException, started: float, answer: Any = None
+) -> tuple[Any, ...]:
+    """A hook's run that ended the call: refused it, or failed under `fail` (`answer`: what
+    it asked, when the chain refused that)."""
     if isinstance(exc, HookRejected):
         verdict = "rejected"
     elif isinstance(exc, asyncio.CancelledError):
         verdict = "cancelled"
     else:
         verdict = "failed"
-    return (hook, stage, verdict, str(exc), None, perf_counter() - started)
+    return (hook, stage, verdict, str(exc), answer, perf_counter() - started)
 
 
 def _check_hints(hook: str, answer: object) -> ResourceHints:

@@ -130,9 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("file", type=Path, help="the recording")
     replay.add_argument(
-        "--config", type=Path, default=None, help="replay with this config (default: recorded)"
+        "--config",
+        type=Path,
+        default=None,
+        help="replay with this config and the plugin drop-ins of its plugins_dir (default: "
+        "recorded)",
     )
-    replay.add_argument("--hooks", help="replay with these hooks instead (or none)")
+    replay.add_argument(
+        "--hooks", help="replay with these in-process hooks instead (or none); plugins stay"
+    )
     replay.add_argument(
         "--update", action="store_true", help="rewrite the recording's expectations"
     )

@@ -2,11 +2,12 @@
 and what `crihook replay` reads back with `settings_from_toml` when no `--config` is given.
 
     settings_from_toml(settings_doc(settings)) == settings   (hook_tables aside)
+    plugin_settings(plugin_docs(plugins)) == plugins          (the drop-ins' settings)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -15,9 +16,11 @@ from crihook.proxy.config import (
     HookSettings,
     RecordSettings,
     Settings,
+    parse_hook_name,
+    parse_hook_settings,
 )
 
-__all__ = ["settings_doc"]
+__all__ = ["plugin_docs", "plugin_settings", "settings_doc"]
 
 _HOOK_DEFAULTS = HookSettings(name="00-x")
 
@@ -70,6 +73,22 @@ def _chain_doc(chain: ChainSettings) -> dict[str, Any]:
         if hook_table:
             table[hook.base_name] = hook_table
     return table
+
+
+def plugin_docs(plugins: Sequence[HookSettings]) -> list[dict[str, Any]]:
+    """Plugins' settings (their drop-ins'), as a recording keeps them: `name` and what is
+    not a default."""
+    return [{"name": p.name, **_hook_doc(p)} for p in plugins]
+
+
+def plugin_settings(docs: Sequence[Mapping[str, Any]]) -> list[HookSettings]:
+    """`plugin_docs` read back; ConfigError naming the plugin and the setting."""
+    out = []
+    for doc in docs:
+        table = dict(doc)
+        name = parse_hook_name("plugin name", table.pop("name", None))
+        out.append(parse_hook_settings(f"plugin {name}", name, table))
+    return out
 
 
 def _hook_doc(hook: HookSettings) -> dict[str, Any]:

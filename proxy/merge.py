@@ -34,6 +34,7 @@ __all__ = [
     "Merger",
     "PendingUpdate",
     "apply_change",
+    "from_jsonable",
     "jsonable",
     "stamp",
 ]
@@ -99,6 +100,36 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+_REMOVABLE = frozenset(
+    {Field.LABEL, Field.ANNOTATION, Field.UNIFIED, Field.DEVICE, Field.MOUNT, Field.ENV}
+    | {Field.CDI_DEVICE}
+)
+"""Fields an Adjustment can remove (a `remove_...` builder)."""
+
+
+def from_jsonable(key: FieldKey, shown: Any) -> Any:
+    """The value `jsonable` showed for the field `key`, back (a recording's adjustment, read by
+    a replay). Two things do not come back as they were: a string value `<removed>` of a
+    removable field reads as a removal, and env bytes that were not UTF-8 read as their
+    replacement characters (jsonable showed them so). TypeError/ValueError for a value the
+    field never takes."""
+    field = key[0]
+    if shown == "<removed>" and field in _REMOVABLE:
+        return REMOVE
+    if field is Field.ENV:
+        if not isinstance(shown, str):
+            raise TypeError(f"env {key[1]!r}: {shown!r} is not a string")
+        return shown.encode()
+    if field is Field.DEVICE or field is Field.MOUNT:
+        if not isinstance(shown, Mapping):
+            raise TypeError(f"{field.value} {key[1]!r}: {shown!r} is not an object")
+        kind = Device if field is Field.DEVICE else Mount
+        return kind(**shown)
+    if isinstance(shown, bool) or not isinstance(shown, int | str):
+        raise TypeError(f"{field.value}: {shown!r} is neither a string nor an integer")
+    return shown
+
+
 class Merger:
     """Merges the adjustments of one call. One instance per intercepted call."""
 
@@ -116,6 +147,9 @@ class Merger:
         """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
         self.refused: list[dict[str, Any]] = []
         """Changes hooks were not permitted to make ({hook, fields}), for the audit."""
+        self.refused_answers: dict[str, Adjustment] = {}
+        """Hook → the adjustment the chain refused (invalid, not permitted), for the trace:
+        a recording keeps what the hook asked, so a replay can ask it again."""
 
     @property
     def changed(self) -> bool:

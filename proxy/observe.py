@@ -1,29 +1,45 @@
 """What hooks ask the node and the runtime, noted per call for recordings.
 
 Hooks learn about the node only through seams crihook hands them in `SyncContext`: the host's
-processes and cgroups (`Host`, `PodCgroups`), its files (`HostFiles`) and the runtime's
-answers on the call path (`RuntimeQueries`). While crihook records, it hands them the
-wrappers below: each question and its answer (or error) is noted in the list of the call (or
-synchronize) being recorded, so a replay can answer the same questions the same way on
-another machine.
+processes and cgroups (`Host`, `PodCgroups`), its files (`HostFiles`), its network interfaces
+(`Netlink`) and the runtime's answers on the call path (`RuntimeQueries`). While crihook
+records, it hands them the wrappers below: each question and its answer (or error) is noted
+in the list of the call (or synchronize) being recorded, so a replay can answer the same
+questions the same way on another machine. What changes the host (`EFFECTS`) is noted the
+same way; a replay compares it, and makes none.
 
     observed, token = begin()        # the call's list, for this task and its threads
-    ... hooks run; ObservedHost/ObservedFiles/ObservedQueries append Observations ...
+    ... hooks run; ObservedHost/ObservedFiles/ObservedNetlink/... append Observations ...
     end(token)
 
+Blocking seams (netlink) are called from worker threads: asyncio.to_thread copies the
+context, so their observations go to the list of the call that started them.
+
 Answers are kept as JSON values: pids and scores as ints, container states by their value,
-device nodes as `[kind, major, minor]`; an error as `{"type", "errno"/"code", "message"}`.
+device nodes as `[kind, major, minor]`, interfaces as `LinkInfo.to_dict()`; an error as
+`{"type", "errno"/"code", "message"}`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import grpc.aio
 
-from crihook.hooks.node import DeviceNode, Host, HostFiles, PodCgroups, PodLimits, WouldBlock
+from crihook.hooks.node import (
+    DeviceNode,
+    Host,
+    HostFiles,
+    LinkInfo,
+    Netlink,
+    NetlinkSession,
+    PodCgroups,
+    PodLimits,
+    WouldBlock,
+)
 from crihook.hooks.spec import ContainerState, RuntimeQueries
 
 __all__ = [
@@ -32,6 +48,7 @@ __all__ = [
     "ObservedCgroups",
     "ObservedFiles",
     "ObservedHost",
+    "ObservedNetlink",
     "ObservedQueries",
     "begin",
     "end",
@@ -40,13 +57,17 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-EFFECTS = frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"})
+NETLINK_EFFECTS = frozenset({"move_in", "move_out", "create", "delete", "configure", "restore"})
+"""What changes network interfaces (seam `netlink`)."""
+EFFECTS = (
+    frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"}) | NETLINK_EFFECTS
+)
 """Operations that change the host (compared by a replay, not only answered)."""
 
 
 class Observation(NamedTuple):
     seam: str
-    """`host`, `files` or `runtime`."""
+    """`host`, `files`, `netlink` or `runtime`."""
     op: str
     args: list[Any]
     result: Any
@@ -105,12 +126,24 @@ async def _note_async(
     except Exception as exc:
         observed.append(Observation(seam, op, args, None, error_doc(exc)))
         raise
-    observed.append(Observation(seam, op, args, render(result), None))
+    observed.append(Observation(seam, op, args, render(result) if render else result, None))
     return result
 
 
 def _device(node: DeviceNode | None) -> list[Any] | None:
     return None if node is None else [node.kind, node.major, node.minor]
+
+
+def _link(info: LinkInfo | None) -> dict[str, Any] | None:
+    return None if info is None else info.to_dict()
+
+
+def _links(infos: Sequence[LinkInfo]) -> list[dict[str, Any]]:
+    return [info.to_dict() for info in infos]
+
+
+def _none(_: object) -> None:
+    return None
 
 
 def _states(states: Mapping[str, ContainerState]) -> dict[str, str]:
@@ -204,4 +237,92 @@ class ObservedQueries:
     async def sandbox_netns(self, pod_id: str) -> str | None:
         return await _note_async(
             "runtime", "sandbox_netns", [pod_id], lambda: self.queries.sandbox_netns(pod_id), None
+        )
+
+
+class ObservedNetlink:
+    """A `Netlink` whose every question and change is noted (seam `netlink`): opening a
+    session (its error, when the namespace cannot be entered), and each operation in it. What
+    acts in the pod's namespace carries the namespace first (`pod_link`: `[netns, name]`);
+    what asks or changes the host does not (`host_link`: `[name]`, `restore`)."""
+
+    def __init__(self, netlink: Netlink) -> None:
+        self.netlink = netlink
+
+    def exists(self, netns: str) -> bool:
+        return _note("netlink", "exists", [netns], lambda: self.netlink.exists(netns))
+
+    @contextlib.contextmanager
+    def session(self, netns: str | None) -> Iterator[NetlinkSession]:
+        with contextlib.ExitStack() as stack:
+            inner: NetlinkSession = _note(
+                "netlink",
+                "session",
+                [netns],
+                lambda: stack.enter_context(self.netlink.session(netns)),
+                _none,
+            )
+            yield _ObservedSession(inner, netns)
+
+
+class _ObservedSession:
+    def __init__(self, session: NetlinkSession, netns: str | None) -> None:
+        self.session = session
+        self.netns = netns
+
+    def host_link(self, name: str) -> LinkInfo | None:
+        return _note("netlink", "host_link", [name], lambda: self.session.host_link(name), _link)
+
+    def host_links(self) -> list[LinkInfo]:
+        return _note("netlink", "host_links", [], self.session.host_links, _links)
+
+    def pod_link(self, name: str) -> LinkInfo | None:
+        return _note(
+            "netlink", "pod_link", [self.netns, name], lambda: self.session.pod_link(name), _link
+        )
+
+    def pod_links(self) -> list[LinkInfo]:
+        return _note("netlink", "pod_links", [self.netns], self.session.pod_links, _links)
+
+    def move_in(self, host_index: int, name: str) -> None:
+        _note(
+            "netlink",
+            "move_in",
+            [self.netns, host_index, name],
+            lambda: self.session.move_in(host_index, name),
+        )
+
+    def move_out(self, name: str, host_name: str) -> None:
+        _note(
+            "netlink",
+            "move_out",
+            [self.netns, name, host_name],
+            lambda: self.session.move_out(name, host_name),
+        )
+
+    def create(self, name: str, kind: str, parent_index: int, mode: str) -> None:
+        _note(
+            "netlink",
+            "create",
+            [self.netns, name, kind, parent_index, mode],
+            lambda: self.session.create(name, kind, parent_index, mode),
+        )
+
+    def delete(self, name: str) -> None:
+        _note("netlink", "delete", [self.netns, name], lambda: self.session.delete(name))
+
+    def configure(self, name: str, mtu: int | None, addresses: Sequence[str]) -> None:
+        _note(
+            "netlink",
+            "configure",
+            [self.netns, name, mtu, list(addresses)],
+            lambda: self.session.configure(name, mtu, addresses),
+        )
+
+    def restore(self, index: int, name: str, mtu: int, up: bool) -> None:
+        _note(
+            "netlink",
+            "restore",
+            [index, name, mtu, up],
+            lambda: self.session.restore(index, name, mtu, up),
         )

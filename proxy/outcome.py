@@ -91,7 +91,8 @@ class HookRun(NamedTuple):
     """Why: for `ignored`, `rejected`, `failed` and `dry-run` what went wrong; for `adjusted`
     and `nothing` the hook's own reason (`Adjustment.because`), or empty."""
     answer: Any
-    """The Adjustment (pre/post), the hints (hints stage), or None."""
+    """The Adjustment (pre/post), the hints (hints stage), or None; for a `failed` or
+    `ignored` run, the Adjustment the chain refused (invalid, not permitted, in conflict)."""
     seconds: float
 
 

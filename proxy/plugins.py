@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,7 @@ from crihook.proxy.chain import Chain, ChainEntry
 from crihook.proxy.config import HookSettings, parse_hook_name, parse_hook_settings
 from crihook.proxy.errors import ConfigError
 
-__all__ = ["PluginDirectory", "dropin_name_problem", "parse_dropin"]
+__all__ = ["PluginDirectory", "dropin_name_problem", "load_dropins", "parse_dropin"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,27 @@ def dropin_name_problem(
     return None
 
 
+def load_dropins(directory: Path) -> tuple[list[HookSettings], list[str]] | None:
+    """The plugins the drop-ins of `directory` configure, as `crihook serve` loads them (for a
+    replay with `--config`), and why each bad one is left out; None when the directory is
+    not there."""
+    if not directory.is_dir():
+        return None
+    loaded: dict[Path, HookSettings] = {}
+    problems = []
+    for path, text in _read_dir(directory).items():
+        try:
+            settings = parse_dropin(path, text)
+            problem = dropin_name_problem(path, settings, set(), loaded)
+            if problem is not None:
+                raise problem
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        loaded[path] = settings
+    return list(loaded.values()), problems
+
+
 @dataclass
 class _Loaded:
     text: str
@@ -81,11 +102,14 @@ class PluginDirectory:
         reserved: set[str],
         interval: float = 1.0,
         on_sync_updates: SyncUpdatesHandler | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.directory = directory
         self.chain = chain
         self.snapshot = snapshot
         self.on_sync_updates = on_sync_updates
+        self.on_change = on_change
+        """Told each time the plugins in the chain change (recording)."""
         self.reserved = reserved  # base names of in-process hooks
         self.interval = interval
         self.loaded: dict[Path, _Loaded] = {}
@@ -128,6 +152,8 @@ class PluginDirectory:
             changed = True
         if changed:
             self.chain.set_plugins([item.entry for item in self.loaded.values()])
+            if self.on_change is not None:
+                self.on_change()
 
     def _check_name(self, path: Path, settings: HookSettings) -> None:
         loaded = {p: item.settings for p, item in self.loaded.items()}

@@ -6,13 +6,17 @@
     {"kind": "call", "seq": 2, "time": ..., "method": "CreateContainer", "pod": "ns/name",
      "container": "app", "request": {"b64": ..., "json": {...}}, "forwarded": "unchanged",
      "response": {...}, "status": null, "hooks": [...], "updates": [...], "observed": [...]}
+    {"kind": "plugins", "seq": 9, "plugins": [{"name": "50-annotate", ...}]}
     {"kind": "snapshot", ...}      after a rotation: the state the next calls start from
     {"kind": "passthrough", ...}   --record-all: a unary call no hook sees
     {"kind": "gap", "dropped": 3}  lines the disk did not take
 
 - `header` opens every file and every crihook process's part of one: crihook's version, the
-  effective configuration (a config document `settings_from_toml` reads back) and the node
-  facts the hooks use (the sysfs topology with memory per NUMA node, the device pools).
+  effective configuration (a config document `settings_from_toml` reads back), the node
+  facts the hooks use (the sysfs topology with memory per NUMA node, the device pools) and
+  the plugins in the chain then (their drop-ins' settings, `plugin_docs`).
+- `plugins`: the plugins in the chain from then on (`seq`: among the calls), each time the
+  drop-in directory changes them. A replay stands in for each, with its recorded answers.
 - `call`: the request as received and as forwarded (`"unchanged"`: kubelet's bytes; null: not
   forwarded) as exact protobuf bytes (base64) and readable: the request rendered whole, the
   forwarded one as its `changes` (field path → new value; rendering it whole again would
@@ -37,11 +41,19 @@ from google.protobuf.message import DecodeError, Message
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
-from crihook.hooks.spec import Adjustment, ContainerView, Event, PodView, Stage, TopologyHint
-from crihook.hooks.spec.adjustment import Field, describe_key
-from crihook.proxy.config import Settings
-from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.merge import jsonable
+from crihook.hooks.spec import (
+    Adjustment,
+    ContainerView,
+    Event,
+    PodView,
+    ResourceDelta,
+    Stage,
+    TopologyHint,
+)
+from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
+from crihook.proxy.config import HookSettings, Settings
+from crihook.proxy.config_doc import plugin_docs, settings_doc
+from crihook.proxy.merge import from_jsonable, jsonable
 from crihook.proxy.methods import INTERCEPTED
 from crihook.proxy.observe import Observation
 from crihook.proxy.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
@@ -53,6 +65,7 @@ __all__ = [
     "UNCHANGED",
     "AdjustmentRecord",
     "CallRecord",
+    "adjustment_of",
     "call_line",
     "call_record",
     "container_label",
@@ -63,6 +76,7 @@ __all__ = [
     "metadata_doc",
     "observation_docs",
     "passthrough_line",
+    "plugins_line",
     "pod_label",
     "status_doc",
     "sync_line",
@@ -81,6 +95,7 @@ def header_line(
     files: Iterable[Observation],
     time: float,
     redacted: bool,
+    plugins: Sequence[HookSettings] = (),
 ) -> dict[str, Any]:
     """The line every recorded file (and every crihook process's part of it) starts with."""
     return {
@@ -95,7 +110,13 @@ def header_line(
             "device_pools": [dict(p) for p in device_pools],
             "files": observation_docs(files),
         },
+        "plugins": plugin_docs(plugins),
     }
+
+
+def plugins_line(seq: int, time: float, plugins: Sequence[HookSettings]) -> dict[str, Any]:
+    """The plugins in the chain from `seq` on (the drop-in directory changed them)."""
+    return {"kind": "plugins", "seq": seq, "time": round(time, 6), "plugins": plugin_docs(plugins)}
 
 
 def message_doc(
@@ -391,6 +412,26 @@ def _answer(answer: Any, redactor: Redactor) -> Any:
     if isinstance(answer, Mapping):  # hints: resource → TopologyHints
         return {str(resource): _hints(hints) for resource, hints in answer.items()}
     return repr(answer)
+
+
+def adjustment_of(doc: Mapping[str, Any]) -> Adjustment:
+    """The Adjustment a hook's recorded answer (`{"set": {...}, "updates": [...]}`) stands
+    for: the reverse of the rendering above (for a replay standing in for a plugin). A
+    redacted value comes back as `<redacted>` (the replay redacts what it forwards the same
+    way before comparing). ValueError/TypeError for an answer no Adjustment renders to."""
+    adjustment = Adjustment()
+    changes = doc.get("set", {})
+    if not isinstance(changes, Mapping):
+        raise TypeError(f"set: {changes!r} is not an object")
+    for text, shown in changes.items():
+        key = parse_key(text)
+        adjustment.set_raw(key, from_jsonable(key, shown))
+    for update in doc.get("updates", ()):
+        if not isinstance(update, Mapping) or not isinstance(update.get("resources"), Mapping):
+            raise TypeError(f"update {update!r} has no resources")
+        resources = ResourceDelta(**update["resources"])
+        adjustment.update_container(str(update.get("container_id", "")), resources)
+    return adjustment
 
 
 def _hints(hints: Sequence[TopologyHint] | None) -> Any:

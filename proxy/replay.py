@@ -6,9 +6,12 @@ what the recording says.
 For each segment of the recording (a crihook process's part, see `replay_file`) the chain is
 built from the segment's recorded configuration, or from `--config`/`--hooks`, on the
 recorded node facts (no `--sysfs-root`: the topology, memory and device answers come from the
-header and the lines). Synchronizes hand the hooks the recorded pods, containers and states;
-calls go through the same pipeline core as `crihook serve`, against a runtime that answers
-from the recording (`replay_seams`). Nothing reaches a real runtime or the host.
+header and the lines). The recorded plugins (or, with `--config`, the drop-ins of its
+`plugins_dir`) take their places in the chain as stand-ins answering with the recorded
+answers (`replay_plugins`); breakers keep the recorded time. Synchronizes hand the hooks
+the recorded pods, containers and states; calls go through the same pipeline core as
+`crihook serve`, against a runtime that answers from the recording (`replay_seams`). Nothing
+reaches a real runtime, a plugin or the host.
 
 Compared per call: the status it ended with, what was forwarded (field by field, redacted as
 the recording was), the updates sent to other containers, and what hooks did to the host;
@@ -26,6 +29,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +39,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from crihook.proxy.chain import Chain, ChainEntry
-from crihook.proxy.config import Settings, apply_flags, settings_from_toml
+from crihook.proxy.config import HookSettings, Settings, apply_flags, settings_from_toml
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.methods import INTERCEPTED
@@ -44,6 +48,7 @@ from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
+from crihook.proxy.plugins import load_dropins
 from crihook.proxy.record_format import (
     UNCHANGED,
     forwarded_doc,
@@ -53,24 +58,21 @@ from crihook.proxy.record_format import (
 )
 from crihook.proxy.redact import Redactor
 from crihook.proxy.render import render
-from crihook.proxy.replay_diff import Difference, field_diff
+from crihook.proxy.replay_diff import ABSENT, Difference, field_diff
 from crihook.proxy.replay_file import (
     CallEntry,
     Recording,
     Segment,
     SyncEntry,
 )
-from crihook.proxy.replay_seams import RecordedNode, RecordedRuntime
+from crihook.proxy.replay_plugins import StandIns, base_name
+from crihook.proxy.replay_seams import RecordedNetlink, RecordedNode, RecordedRuntime
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.sync import Synchronizer, SyncReport
 
-__all__ = ["NOT_REPLAYED", "EntryResult", "ReplayReport", "replay", "settings_for"]
+__all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 
 log = logging.getLogger(__name__)
-
-NOT_REPLAYED = frozenset({"netdev"})
-"""Built-in hooks a replay leaves out: netdev acts on network namespaces through netlink,
-which no recording carries (it changes no request; its refusals are not replayed)."""
 
 
 @dataclass
@@ -87,6 +89,9 @@ class ReplayReport:
     recording: Recording
     results: list[EntryResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    dropins: list[HookSettings] | None = None
+    """The plugins `--config`'s drop-ins configure, when the replay ran them instead of the
+    recorded ones (--update writes them into the recording)."""
 
     @property
     def differing(self) -> list[EntryResult]:
@@ -108,6 +113,8 @@ async def replay(
 ) -> ReplayReport:
     """Replay every segment; ConfigError when a configuration cannot be used."""
     report = ReplayReport(recording)
+    if config is not None:
+        _use_dropins(report, config)
     state_dir = Path(tempfile.mkdtemp(prefix="crihook-replay-"))
     store = Store(state_dir)
     try:
@@ -121,6 +128,55 @@ async def replay(
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
     return report
+
+
+def _use_dropins(report: ReplayReport, config: Settings) -> None:
+    """--config's plugins: the drop-ins of its plugins_dir, when the directory is here."""
+    directory = config.chain.plugins_dir
+    found = load_dropins(directory)
+    if found is None:
+        report.warnings.append(
+            f"--config's plugins_dir {directory} is not here: the recorded plugins are replayed"
+        )
+        return
+    dropins, problems = found
+    report.dropins = dropins
+    report.warnings += [f"plugin drop-in left out: {problem}" for problem in problems]
+    recorded = _recorded_plugins(report.recording)
+    for plugin in dropins:
+        if plugin.base_name not in recorded:
+            report.warnings.append(
+                f"plugin {plugin.name} ({directory}) has no answers in the recording: "
+                "it is not called"
+            )
+    chosen = {p.base_name for p in dropins}
+    for name in sorted(recorded - chosen):
+        report.warnings.append(
+            f"plugin {name} of the recording is not in {directory}: it is not run"
+        )
+
+
+def _recorded_plugins(recording: Recording) -> set[str]:
+    """Base names of the plugins the recording notes (or, where it notes none, of the hooks
+    that ran without being in its configuration)."""
+    names: set[str] = set()
+    for segment in recording.segments:
+        noted = [segment.plugins or [], *(p for _, p in segment.plugin_changes)]
+        names |= {p.base_name for plugins in noted for p in plugins}
+        if segment.plugins is None and not segment.plugin_changes:
+            configured = {base_name(n) for n in _recorded_order(segment)}
+            names |= {
+                base_name(run.get("hook", ""))
+                for entry in segment.entries
+                if isinstance(entry, CallEntry)
+                for run in entry.doc.get("hooks", [])
+            } - configured
+    return names
+
+
+def _recorded_order(segment: Segment) -> list[str]:
+    order = segment.header["config"].get("hooks", {}).get("order", [])
+    return [str(name) for name in order]
 
 
 def settings_for(segment: Segment, config: Settings | None, hooks: str | None) -> Settings:
@@ -165,10 +221,9 @@ class _SegmentReplay:
             header_record.get("redact_values", ()),
             enabled=bool(segment.header.get("redacted", True)),
         )
-        self.recorded_hooks = {
-            name[3:] if name[:2].isdigit() and name[2:3] == "-" else name
-            for name in segment.header["config"].get("hooks", {}).get("order", [])
-        }
+        self.recorded_hooks = {base_name(name) for name in _recorded_order(segment)}
+        self.now = 0.0
+        """The recorded time of the line being replayed: the breakers' clock."""
         self.runtime = RecordedRuntime()
         self.readiness = Readiness()
         self.chain = Chain(settings.chain, store.hook_state)
@@ -189,10 +244,23 @@ class _SegmentReplay:
             settings.node.topology_scope,
             files=node,
             cgroups=node,
+            netlink=RecordedNetlink(node),
         )
         self.reports: list[SyncReport] = []
         self.sync.on_sync = self.reports.append
         self.synchronized = False
+        self.plugins = StandIns(
+            self.chain,
+            segment,
+            report.dropins,
+            {h.base_name for h in settings.chain.hooks},
+            self.recorded_hooks,
+            self._clock,
+            report.warnings,
+        )
+
+    def _clock(self) -> float:
+        return self.now
 
     async def run(self) -> None:
         self.node.learn(self.segment.header.get("node", {}).get("files", []))
@@ -201,9 +269,10 @@ class _SegmentReplay:
                 f"line {number}: the recording lost {lost} line(s) here; what follows may differ"
             )
         await self._build_chain()
-        self._warn_about_plugins()
         try:
             for entry in self.segment.entries:
+                self.now = float(entry.doc.get("time") or 0.0)
+                self.plugins.at(entry.seq)
                 if isinstance(entry, SyncEntry):
                     await self._sync(entry)
                 else:
@@ -220,34 +289,12 @@ class _SegmentReplay:
     async def _build_chain(self) -> None:
         entries: list[ChainEntry] = []
         for hook_settings in self.settings.chain.hooks:
-            if hook_settings.base_name in NOT_REPLAYED and hook_settings.module is None:
-                self.report.warnings.append(
-                    f"hook {hook_settings.name} is not replayed: it acts on network namespaces "
-                    "through netlink, which a recording does not carry"
-                )
-                continue
-            entries.append(Chain.entry(load_local_hook(hook_settings), hook_settings))
+            entry = Chain.entry(load_local_hook(hook_settings), hook_settings)
+            entry.breaker.clock = self._clock
+            entries.append(entry)
         self.chain.set_builtin(entries)
         for entry in self.chain.entries:
             await entry.hook.start()
-
-    def _warn_about_plugins(self) -> None:
-        """Hooks that ran in the recording without being in its configuration's chain were
-        plugins: they are not replayed."""
-        configured = {h.name for h in self.settings.chain.hooks}
-        recorded = self.segment.header["config"].get("hooks", {}).get("order", [])
-        ran = {
-            run.get("hook", "")
-            for entry in self.segment.entries
-            if isinstance(entry, CallEntry)
-            for run in entry.doc.get("hooks", [])
-        }
-        plugins = sorted(ran - configured - set(recorded))
-        if plugins:
-            self.report.warnings.append(
-                f"line {self.segment.line}: plugin(s) {', '.join(plugins)} ran in the recording; "
-                "plugins are not replayed, so what they changed shows as differences"
-            )
 
     # --- synchronize -----------------------------------------------------------------------
     async def _sync(self, entry: SyncEntry) -> None:
@@ -255,6 +302,7 @@ class _SegmentReplay:
         self._adopt(entry, fresh)
         self.node.states = entry.states
         self.node.begin(entry.doc.get("observed", []))
+        self.plugins.answers.sync(entry.doc.get("updates", []))
         self.runtime.entry_for_sync()
         self.reports.clear()
         await self.sync.synchronize("start" if entry.kind == "snapshot" else entry.reason)
@@ -266,7 +314,7 @@ class _SegmentReplay:
         if entry.kind == "sync":
             result.differences += _updates_diff(entry.doc.get("updates", []), replayed, self.store)
             result.differences += _effects_diff(entry.doc.get("observed", []), self.node.effects)
-        result.notes += _missing(self.node.missing)
+        result.notes += _missing(self.node.missing) + self.plugins.answers.notes
         if entry.kind == "sync":
             result.updated = {
                 **entry.doc,
@@ -305,6 +353,7 @@ class _SegmentReplay:
     async def _call(self, entry: CallEntry) -> None:
         doc = entry.doc
         self.node.begin(doc.get("observed", []))
+        self.plugins.answers.call(entry.event, doc.get("hooks", []))
         self.runtime.call_entry = entry
         self.runtime.cancelled_by_kubelet = (entry.status or {}).get("origin") == "kubelet"
         ready = doc.get("ready", True) is not False
@@ -321,7 +370,7 @@ class _SegmentReplay:
         outcome = self.outcomes[-1]
         result = EntryResult(entry)
         result.differences = self._compare(entry, outcome)
-        result.notes += _missing(self.node.missing)
+        result.notes += _missing(self.node.missing) + self.plugins.answers.notes
         result.notes += [
             f"the runtime was asked {m}, which the recording has no answer for (answered OK)"
             for m in self.runtime.unrecorded
@@ -437,11 +486,22 @@ def _updates_diff(
 def _effects_diff(
     recorded_observed: Sequence[dict[str, Any]], replayed: Sequence[dict[str, Any]]
 ) -> list[Difference]:
+    """What hooks did to the host, change by change (`host move_in(...): recorded "made",
+    replayed (absent)`); the same changes in another order as one difference."""
     recorded = RecordedNode.recorded_effects(recorded_observed)
     mine = RecordedNode.recorded_effects(replayed)
     if recorded == mine:
         return []
-    return [Difference("host", "", recorded, mine)]
+    only_recorded = Counter(recorded) - Counter(mine)
+    only_replayed = Counter(mine) - Counter(recorded)
+    if not only_recorded and not only_replayed:
+        return [Difference("host", "(order)", recorded, mine)]
+    out = []
+    for effect, count in only_recorded.items():
+        out += [Difference("host", effect, "made", ABSENT)] * count
+    for effect, count in only_replayed.items():
+        out += [Difference("host", effect, ABSENT, "made")] * count
+    return out
 
 
 def _with_effects(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from crihook.proxy.config import Settings, load_config
-from crihook.proxy.config_doc import settings_doc
+from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.record_format import encode_line
 from crihook.proxy.replay import ReplayReport, replay, settings_for
 from crihook.proxy.replay_explain import explain_all
@@ -30,7 +30,7 @@ __all__ = ["replay_command", "write_updated"]
 
 def write_updated(report: ReplayReport, config: Settings | None, hooks: str | None) -> int:
     """Rewrite the recording with the replay's expectations (atomically); how many lines
-    changed."""
+    changed. With `--config`, its configuration (and its plugins) go into the headers."""
     recording = report.recording
     by_line = {r.entry.line: r.updated for r in report.results if r.updated is not None}
     changed = 0
@@ -41,6 +41,8 @@ def write_updated(report: ReplayReport, config: Settings | None, hooks: str | No
         segment = segment_headers.get(number)
         if segment is not None and (config is not None or hooks is not None):
             new = {**doc, "config": settings_doc(settings_for(segment, config, hooks))}
+        if report.dropins is not None and doc.get("kind") in ("header", "plugins"):
+            new = {**new, "plugins": plugin_docs(report.dropins)}  # --config's plugins
         if new != doc:
             changed += 1
         lines.append(new)

@@ -2,9 +2,10 @@
 
 A file is one or more segments, each opened by a header (a crihook process's part of the
 file, or a rotated file); within a segment the calls and synchronizes are put back in the
-order they entered the chain (`seq`). Anything unreadable is a RecordingError naming the
-line: a missing or unreadable file, a line that is not JSON (a truncated last line
-included), a line of an unknown kind or missing what its kind needs, bytes that are not
+order they entered the chain (`seq`), and the plugins in the chain are known from the header
+and from each `plugins` line (`Segment.plugins_at`). Anything unreadable is a RecordingError
+naming the line: a missing or unreadable file, a line that is not JSON (a truncated last
+line included), a line of an unknown kind or missing what its kind needs, bytes that are not
 base64, a format this crihook does not read.
 """
 
@@ -22,6 +23,9 @@ import grpc
 
 from crihook.hooks.node import Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView
+from crihook.proxy.config import HookSettings
+from crihook.proxy.config_doc import plugin_settings
+from crihook.proxy.errors import ConfigError
 from crihook.proxy.record_format import FORMAT, UNCHANGED
 
 __all__ = [
@@ -35,7 +39,7 @@ __all__ = [
 
 _EVENTS = {e.value: e for e in Event}
 _CODES = {c.name: c for c in grpc.StatusCode}
-_KINDS = frozenset({"header", "call", "sync", "snapshot", "passthrough", "gap"})
+_KINDS = frozenset({"header", "call", "sync", "snapshot", "passthrough", "gap", "plugins"})
 
 
 class RecordingError(Exception):
@@ -92,6 +96,20 @@ class Segment:
     gaps: list[tuple[int, int]] = field(default_factory=list)
     """(line, lines lost) where the recording says lines are missing."""
     passthrough: int = 0
+    plugins: list[HookSettings] | None = None
+    """The plugins in the chain when the header was written; None: a recording made before
+    crihook noted its plugins."""
+    plugin_changes: list[tuple[int, list[HookSettings]]] = field(default_factory=list)
+    """(seq, the plugins from then on), from `plugins` lines, in seq order."""
+
+    def plugins_at(self, seq: int) -> list[HookSettings] | None:
+        """The plugins in the chain when the call (or synchronize) `seq` entered it."""
+        current = self.plugins
+        for changed, plugins in self.plugin_changes:
+            if changed > seq:
+                break
+            current = plugins
+        return current
 
 
 @dataclass
@@ -139,10 +157,14 @@ def read_recording(path: Path) -> Recording:
             segment.entries.append(_sync(path, number, doc))
         elif kind == "gap":
             segment.gaps.append((number, _int(path, number, doc, "dropped")))
+        elif kind == "plugins":
+            seq = _int(path, number, doc, "seq")
+            segment.plugin_changes.append((seq, _plugins(path, number, doc.get("plugins"))))
         else:
             segment.passthrough += 1
     for segment in segments:
         segment.entries.sort(key=lambda e: e.seq)
+        segment.plugin_changes.sort(key=lambda change: change[0])
     return Recording(path, segments, docs)
 
 
@@ -173,7 +195,17 @@ def _segment(path: Path, number: int, doc: dict[str, Any]) -> Segment:
         topology = Topology.from_dict(node["topology"])
     except (TopologyError, KeyError, TypeError) as exc:
         raise RecordingError(path, number, f"header without usable node facts: {exc}") from None
-    return Segment(number, doc, topology)
+    plugins = _plugins(path, number, doc["plugins"]) if "plugins" in doc else None
+    return Segment(number, doc, topology, plugins=plugins)
+
+
+def _plugins(path: Path, number: int, docs: Any) -> list[HookSettings]:
+    if not isinstance(docs, list) or not all(isinstance(d, Mapping) for d in docs):
+        raise RecordingError(path, number, "plugins is not a list of objects")
+    try:
+        return plugin_settings(docs)
+    except ConfigError as exc:
+        raise RecordingError(path, number, f"unreadable plugin settings: {exc}") from None
 
 
 def _call(path: Path, number: int, doc: dict[str, Any]) -> CallEntry:

@@ -12,28 +12,32 @@ this machine.
   earlier line (or the header's node facts), then as an empty host would. Changes a hook
   makes to the host (an oom_score_adj written, a CFS quota lifted, a pod's cgroup limits
   written) are noted as `effects`, never carried out.
+- `RecordedNetlink` is the node's network interfaces (`Netlink`) the same way: sessions,
+  interfaces looked up, from the recording (an interface the recording does not know is not
+  there); interfaces moved, made, configured, deleted or given back are effects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import DeviceNode, PodLimits
+from crihook.hooks.node import DeviceNode, LinkInfo, NetlinkSession, PodLimits
 from crihook.hooks.spec import ContainerState
 from crihook.proxy.observe import EFFECTS
 from crihook.proxy.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
 from crihook.proxy.replay_file import CallEntry
 from crihook.proxy.store import Store
 
-__all__ = ["RecordedNode", "RecordedRuntime", "not_recorded"]
+__all__ = ["RecordedNetlink", "RecordedNode", "RecordedRuntime", "not_recorded"]
 
 _CODES = {c.name: c for c in grpc.StatusCode}
 _MISSING = object()
@@ -156,8 +160,8 @@ class RecordedNode:
         """The changes to the host among observations, as `op(args)` texts."""
         return [_effect(d["op"], d.get("args", [])) for d in observed if d.get("op") in EFFECTS]
 
-    def _effect(self, op: str, args: list[Any]) -> dict[str, Any]:
-        doc: dict[str, Any] = {"seam": "host", "op": op, "args": args, "result": None}
+    def _effect(self, op: str, args: list[Any], seam: str = "host") -> dict[str, Any]:
+        doc: dict[str, Any] = {"seam": seam, "op": op, "args": args, "result": None}
         self.effects.append(doc)
         return doc
 
@@ -247,6 +251,71 @@ class RecordedNode:
         return None  # the synchronize line already carries the runtime's resources
 
 
+class RecordedNetlink:
+    """`Netlink` for the hooks during a replay, answered from the recording through a
+    `RecordedNode` (its lines, its notes of what is missing, its effects)."""
+
+    def __init__(self, node: RecordedNode) -> None:
+        self._node = node
+
+    def exists(self, netns: str) -> bool:
+        answer = self._node._ask("netlink", "exists", [netns])
+        return answer is not _MISSING and bool(answer)
+
+    @contextlib.contextmanager
+    def session(self, netns: str | None) -> Iterator[NetlinkSession]:
+        self._node._ask("netlink", "session", [netns])  # raises what entering it raised
+        yield _RecordedSession(self._node, netns)
+
+
+class _RecordedSession:
+    def __init__(self, node: RecordedNode, netns: str | None) -> None:
+        self._node = node
+        self._netns = netns
+
+    def _link(self, op: str, args: list[Any]) -> LinkInfo | None:
+        answer = self._node._ask("netlink", op, args)
+        return None if answer is _MISSING or answer is None else LinkInfo.from_dict(answer)
+
+    def _links(self, op: str, args: list[Any]) -> list[LinkInfo]:
+        answer = self._node._ask("netlink", op, args)
+        return [] if answer is _MISSING else [LinkInfo.from_dict(d) for d in answer]
+
+    def _change(self, op: str, args: list[Any]) -> None:
+        self._node._effect(op, args, "netlink")
+        self._node._ask("netlink", op, args)  # raises what the kernel answered then
+
+    def host_link(self, name: str) -> LinkInfo | None:
+        return self._link("host_link", [name])
+
+    def host_links(self) -> list[LinkInfo]:
+        return self._links("host_links", [])
+
+    def pod_link(self, name: str) -> LinkInfo | None:
+        return self._link("pod_link", [self._netns, name])
+
+    def pod_links(self) -> list[LinkInfo]:
+        return self._links("pod_links", [self._netns])
+
+    def move_in(self, host_index: int, name: str) -> None:
+        self._change("move_in", [self._netns, host_index, name])
+
+    def move_out(self, name: str, host_name: str) -> None:
+        self._change("move_out", [self._netns, name, host_name])
+
+    def create(self, name: str, kind: str, parent_index: int, mode: str) -> None:
+        self._change("create", [self._netns, name, kind, parent_index, mode])
+
+    def delete(self, name: str) -> None:
+        self._change("delete", [self._netns, name])
+
+    def configure(self, name: str, mtu: int | None, addresses: Sequence[str]) -> None:
+        self._change("configure", [self._netns, name, mtu, list(addresses)])
+
+    def restore(self, index: int, name: str, mtu: int, up: bool) -> None:
+        self._change("restore", [index, name, mtu, up])
+
+
 def _key(doc: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(doc.get("seam")), str(doc.get("op")), repr(list(doc.get("args", []))))
 
@@ -277,5 +346,7 @@ def _error(doc: Mapping[str, Any]) -> BaseException:
         return ValueError(message)
     if kind in _OS_ERRORS or "errno" in doc:
         cls = _OS_ERRORS.get(kind, OSError)
-        return cls(int(doc.get("errno", 0)), message)
+        code = int(doc.get("errno", 0))
+        # The recording kept str(exc), "[Errno N] what": `what` is the error's strerror again.
+        return cls(code, message.removeprefix(f"[Errno {code}] "))
     return RuntimeError(f"{kind}: {message}")

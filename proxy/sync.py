@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Host, HostFiles, PodCgroups, Topology
+from crihook.hooks.node import Host, HostFiles, Netlink, PodCgroups, Topology
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, RuntimeQueries, SyncContext
 from crihook.hooks.spec.views import container_state, resources_view
 from crihook.proxy import observe
@@ -140,6 +140,7 @@ class Synchronizer:
         topology_scope: str = "container",
         files: HostFiles | None = None,
         cgroups: PodCgroups | None = None,
+        netlink: Netlink | None = None,
     ) -> None:
         self.chain = chain
         self.topology_policy = topology_policy
@@ -152,6 +153,7 @@ class Synchronizer:
         self.host = host
         self.files = files
         self.cgroups = cgroups
+        self.netlink = netlink
         self.on_sync: Callable[[SyncReport], None] | None = None
         """Told every synchronize (recording)."""
         self._pending: set[str] = set()
@@ -224,6 +226,7 @@ class Synchronizer:
                 topology_scope=self.topology_scope,
                 files=self.files,
                 cgroups=self.cgroups,
+                netlink=self.netlink,
                 exempt=self.chain.exempt,
             )
             try:

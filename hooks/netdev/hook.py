@@ -21,7 +21,9 @@ At start (and after a reconcile) the records are checked against the pods the ru
 pod that is gone, or whose namespace is, has its moved interfaces given their names back on
 the host; a set-up crihook did not see finish is kept when complete, undone otherwise.
 
-Netlink calls run in a worker thread. Interfaces moved into a pod are the hook's to guard:
+Interfaces are reached through the node's `Netlink` seam (`SyncContext.netlink`: pyroute2 when
+crihook serves, noted while it records, answered from the recording in a replay). Netlink
+calls run in a worker thread. Interfaces moved into a pod are the hook's to guard:
 one interface goes to one pod.
 """
 
@@ -40,9 +42,9 @@ from crihook.hooks.netdev.annotation import (
     LinkAsk,
     parse_netdev_annotation,
 )
-from crihook.hooks.netdev.netlink import LinkInfo, Netlink, PyrouteNetlink
 from crihook.hooks.netdev.plan import Done, SetupError, present, repair_host, set_up, tear_down
 from crihook.hooks.netdev.policy import NetdevPolicy, check_links, parse_policy
+from crihook.hooks.node.netlink import LinkInfo, Netlink, PyrouteNetlink
 from crihook.hooks.spec import (
     Adjustment,
     ContainerUpdate,
@@ -67,12 +69,10 @@ _T = TypeVar("_T")
 class NetdevHook(Hook):
     sets: tuple[str, ...] = ()  # it changes no request: it acts on the sandbox's namespace
 
-    def __init__(
-        self, options: Mapping[str, Any] | None = None, *, netlink: Netlink | None = None
-    ) -> None:
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.policy: NetdevPolicy = parse_policy(self.options)
-        self.netlink: Netlink = netlink if netlink is not None else PyrouteNetlink()
+        self._netlink: Netlink | None = None
         self._runtime: RuntimeQueries | None = None
         self._state: HookState | None = None
         self._claimed: dict[str, str] = {}
@@ -86,6 +86,13 @@ class NetdevHook(Hook):
             raise RuntimeError("netdev: called before synchronize (crihook starts hooks so)")
         return self._state
 
+    @property
+    def netlink(self) -> Netlink:
+        """The node's interfaces, as crihook hands them over (`SyncContext.netlink`)."""
+        if self._netlink is None:
+            raise RuntimeError("netdev: called before synchronize (crihook starts hooks so)")
+        return self._netlink
+
     async def close(self) -> None:
         if self._tasks:  # set-ups that outlived their call finish and record what they did
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -94,6 +101,7 @@ class NetdevHook(Hook):
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         self._runtime = sync.runtime
         self._state = sync.state
+        self._netlink = sync.netlink if sync.netlink is not None else PyrouteNetlink()
         by_id = {p.id: p for p in sync.pods}
         by_attempt = {_pod_key(p): p for p in sync.pods}
         for key, doc in list(sync.state.items()):

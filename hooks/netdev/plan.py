@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from crihook.hooks.netdev.annotation import NETDEVS, LinkAsk
-from crihook.hooks.netdev.netlink import LinkInfo, NetlinkSession
+from crihook.hooks.node.netlink import LinkInfo, NetlinkSession
 
 __all__ = ["Done", "SetupError", "present", "repair_host", "set_up", "tear_down"]
 

@@ -1,6 +1,7 @@
 """The node as hooks see it: CPU/NUMA topology (read once from sysfs), cpulists, the host's
-processes behind the :class:`Host` seam, its files behind the :class:`HostFiles` seam and
-pods' own cgroups behind the :class:`PodCgroups` seam.
+processes behind the :class:`Host` seam, its files behind the :class:`HostFiles` seam,
+pods' own cgroups behind the :class:`PodCgroups` seam and network interfaces behind the
+:class:`Netlink` seam.
 
     from crihook.hooks.node import Topology, parse_cpu_list, format_cpu_list, LinuxHost
 """
@@ -15,6 +16,7 @@ from crihook.hooks.node.host import (
     expand_slice,
     pod_cgroup_path,
 )
+from crihook.hooks.node.netlink import LinkInfo, Netlink, NetlinkSession, PyrouteNetlink
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
 __all__ = [
@@ -22,12 +24,16 @@ __all__ = [
     "DeviceNode",
     "Host",
     "HostFiles",
+    "LinkInfo",
     "LinuxFiles",
     "LinuxHost",
     "LinuxPodCgroups",
     "NUMAMemory",
+    "Netlink",
+    "NetlinkSession",
     "PodCgroups",
     "PodLimits",
+    "PyrouteNetlink",
     "Topology",
     "TopologyError",
     "WouldBlock",

@@ -16,6 +16,7 @@ An empty Adjustment with a reason says why the hook set nothing.
 
 from __future__ import annotations
 
+import ast
 import enum
 from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -33,6 +34,7 @@ __all__ = [
     "Mount",
     "ResourceDelta",
     "describe_key",
+    "parse_key",
 ]
 
 
@@ -114,6 +116,28 @@ def describe_key(key: FieldKey) -> str:
     field, name = key
     label = _FIELD_NAMES[field]  # Enum's .value is a slow descriptor; this is on the call path
     return f"{label} {name!r}" if field in KEYED_FIELDS else label
+
+
+def parse_key(text: str) -> FieldKey:
+    """The field key `describe_key` named, back (a recording's adjustment, read by a replay):
+    `cpuset_cpus` → (CPUSET_CPUS, ""), `annotation 'a/b'` → (ANNOTATION, "a/b"). ValueError
+    for a text `describe_key` never writes."""
+    label, _, rest = text.partition(" ")
+    try:
+        field = Field(label)
+    except ValueError:
+        raise ValueError(f"{text!r} names no adjustment field") from None
+    if field not in KEYED_FIELDS:
+        if rest:
+            raise ValueError(f"{text!r}: {label} takes no key")
+        return (field, "")
+    try:  # the key as repr() wrote it: a string literal, nothing else is evaluated
+        name = ast.literal_eval(rest)
+    except (ValueError, SyntaxError):
+        name = None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{text!r}: {label} needs a quoted key, like {label} 'name'")
+    return (field, name)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the s
     from crihook.hooks.node.cgroups import PodCgroups
     from crihook.hooks.node.files import HostFiles
     from crihook.hooks.node.host import Host
+    from crihook.hooks.node.netlink import Netlink
     from crihook.hooks.node.topology import Topology
 
 __all__ = [
@@ -104,6 +105,10 @@ class SyncContext:
     cgroups: PodCgroups | None = None
     """Pods' own cgroups, for hooks that write a pod's limits (a replay's notes the writes
     and makes none); None: the hook writes no cgroup."""
+    netlink: Netlink | None = None
+    """The node's network interfaces (netlink sessions in the host's and a pod's network
+    namespace), for hooks that move or make interfaces (a replay notes the changes and makes
+    none); None: the hook uses the real host's."""
     exempt: Callable[[PodView], bool] = lambda pod: False
     """Whether crihook's configuration exempts a pod (`HookContext.exempt` on calls), for
     hooks that act on the pods they are given here."""

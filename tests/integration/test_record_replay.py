@@ -1,7 +1,8 @@
 """Record and replay through a real crihook process (`crihook serve --record`, `crihook
 replay`), in front of the stateful fake runtime on a 48-CPU sysfs fixture: the CPUs this
 2-CPU machine does not have are only in the recording's node facts, so the replay needs no
-`--sysfs-root` (the fixture tree is gone by then).
+`--sysfs-root` (the fixture tree is gone by then). A plugin process is replayed from its
+recorded answers, once it is gone.
 
 The real containerd's recordings are the corpus in tests/replay/.
 """
@@ -30,6 +31,7 @@ from crihook.proxy.record import RESUME_SECONDS
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
+from tests.lab.plugin_proc import KEY, Plugin
 from tests.lab.small_disk import small_disk
 from tests.lab.sysfs import GIB, MachineSpec, write_sysfs
 
@@ -432,3 +434,76 @@ def _renderer_of(proc: CrihookProcess) -> int:
 def _scheduling_policy(pid: int) -> str:
     policy = os.sched_getscheduler(pid)
     return "SCHED_IDLE" if policy == os.SCHED_IDLE else str(policy)
+
+
+# --- a plugin process -------------------------------------------------------------------------
+
+PLUGIN_NAME = "50-annotate"
+
+
+def record_with_plugin(workdir: Path) -> Path:
+    """crihook with the annotate example plugin (its own process, by a drop-in) and the oom
+    hook, one pod; the plugin is stopped before the replay, which does not need it."""
+    path = workdir / "rec.jsonl"
+    runtime = MemoryRuntime(workdir / "rt.sock").start()
+    plugin = Plugin(value="recorded").start()
+    args = ["--sysfs-root", str(write_sysfs(workdir / "sys", CPUS_48)), "--record", str(path)]
+    proc = CrihookProcess(runtime.endpoint, workdir=workdir, config=CONFIG, hooks=None, args=args)
+    (proc.plugins_dir / "annotate.toml").write_text(plugin.dropin(PLUGIN_NAME, "fail"))
+    try:
+        proc.start()
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            kubelet = Kubelet(api_pb2_grpc.RuntimeServiceStub(channel))
+            _, (cid,) = kubelet.pod(guaranteed("annotated", 2))
+            stored = runtime.containers[cid].config.annotations
+            assert stored[KEY] == "recorded"  # the plugin's annotation reached the runtime
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+        plugin.stop()
+        runtime.stop()
+    return path
+
+
+def test_a_plugin_is_replayed_from_its_recorded_answers(tmp_path: Path) -> None:
+    path = record_with_plugin(short_tmpdir("rr-"))
+    docs = lines(path)
+    header = docs[0]
+    assert header["plugins"] == []  # drop-ins load after the first synchronize
+    (noted,) = [d for d in docs if d["kind"] == "plugins"]
+    assert [p["name"] for p in noted["plugins"]] == [PLUGIN_NAME]
+    create = next(d for d in docs_of_path(path, "CreateContainer"))
+    run = next(h for h in create["hooks"] if h["hook"] == PLUGIN_NAME)
+    assert run["verdict"] == "adjusted"
+    assert run["answer"] == {"set": {f"annotation '{KEY}'": "recorded"}}
+
+    result = replay(path)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "everything matches" in result.stdout
+    assert "warning" not in result.stdout
+
+    # The plugin's recorded answer changed: the replay forwards what it says now.
+    changed = tmp_path / "changed.jsonl"
+    text = path.read_text().replace(
+        f'"annotation \'{KEY}\'":"recorded"', f'"annotation \'{KEY}\'":"other"'
+    )
+    assert text != path.read_text()
+    changed.write_text(text)
+
+    result = replay(changed)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    heading = f"line {create['line']} (seq {create['seq']}): CreateContainer, pod default/annotated"
+    assert heading in result.stdout
+    assert f'forwarded config.annotations.{KEY}: recorded "recorded", replayed "other"' in (
+        result.stdout
+    )
+
+
+def docs_of_path(path: Path, method: str) -> list[dict[str, Any]]:
+    return [
+        {**doc, "line": number}
+        for number, doc in enumerate(lines(path), 1)
+        if doc.get("method") == method
+    ]

@@ -4,7 +4,8 @@ through crihook (`serve --record`) in front of the lab's real containerd.
     sudo .venv/bin/python -m tests.replay.record_corpus        # writes tests/replay/*.jsonl
     sudo .venv/bin/python -m tests.replay.record_corpus --workload colocated
 
-Needs root and the containerd test bed (tests/lab/install.sh). Takes about a minute each.
+Needs root and the containerd test bed (tests/lab/install.sh). Takes a few seconds each on the
+project's VM.
 
 `node` (containerd-node.jsonl), in kubelet's order:
 
@@ -16,6 +17,14 @@ Needs root and the containerd test bed (tests/lab/install.sh). Takes about a min
 - device annotations (`train`, namespace `ml`): a device node, a read-only mount, env and a
   pooled device; and two requests the node's policy refuses (a device not allowed, an OOM
   override out of range);
+- netdev annotations (`net-app`, namespace `net`, on the pod network): a macvlan on a veth
+  parent and a veth end moved into the pod, given back when it goes; and two refusals (a pod
+  on the host's network, a namespace the node's policy does not allow). crihook runs in a
+  network namespace the script owns (`crihook-corpus`, entered with nsenter: only the
+  network namespace changes), where the script makes those veths with fixed names and MAC
+  addresses, so their indexes and addresses are the same in every re-recording;
+- a plugin: the annotate example plugin as its own process (a drop-in), annotating every
+  container of a pod that is not exempt;
 - kubelet resizing a container, and a kubelet-restart burst of UpdateContainerResources for
   every running container;
 - crihook restarted in the middle (the file gets a second part: header, synchronize);
@@ -34,18 +43,19 @@ hook alone placing CPUs (`cpu_manager = "none"`) on this 2-CPU machine:
 - the LSR pod removed (the shared pool grows back), an LSE pod on CPU 1 (it leaves the BE
   pool too), then everything removed.
 
-Netdev annotations are not in the corpus: a replay does not run the netdev hook (netlink is
-not recorded; see docs/recording.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -55,6 +65,7 @@ from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
 from tests.lab.images import DEFAULT_CACHE_DIR, build_images
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
+from tests.lab.plugin_proc import Plugin
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "containerd-node.jsonl"
@@ -62,6 +73,11 @@ COLOCATED = HERE / "koordinator-colocated.jsonl"
 MIB = 1 << 20
 # Fixed paths, so a re-recorded corpus differs from the last only where behaviour does.
 DEVICE_ROOT = Path("/tmp/crihook-corpus-host")
+NETNS = "crihook-corpus"
+"""The network namespace crihook runs in (its "host" for the netdev hook)."""
+PARENT, VF = "cc-parent", "cc-vf0"
+"""A macvlan parent and an interface to move in: veth ends (no dummy module here), whose
+peers stay in crihook's namespace."""
 
 
 def config(root: Path) -> str:
@@ -71,7 +87,7 @@ def config(root: Path) -> str:
 topology_policy = "best-effort"
 
 [hooks]
-order = ["cpuset", "numa", "oom", "devices"]
+order = ["cpuset", "numa", "oom", "devices", "netdev"]
 exempt_namespaces = ["kube-system"]
 
 [hooks.cpuset]
@@ -86,6 +102,12 @@ namespaces = ["ml"]
 devices = ["{dev}/ok-*"]
 mounts = ["{root}/models", "{root}/models/**"]
 env = ["MODEL_*"]
+
+[hooks.netdev]
+namespaces = ["net"]
+interfaces = ["{VF}"]
+parents = ["{PARENT}"]
+timeout_ms = 5000
 
 [hooks.devices.pools.gpu]
 env = "GPU_VISIBLE_DEVICES"
@@ -178,7 +200,63 @@ def workload_pods(root: Path) -> dict[str, PodSpec]:
             annotations={"oom.crihook.io/score-adj": "-900"},
         ),
         "db-1": PodSpec(name="db-1", uid=uid(9), containers=[app("postgres", 1000, 128 * MIB)]),
+        "net": net_pod("net-app", 10, NETDEVS),
+        "net-host": net_pod("net-host", 11, NETDEVS[:1], host_network=True),
+        "net-other": net_pod("net-other", 12, NETDEVS[:1], namespace="default"),
     }
+
+
+NETDEVS = [
+    {"name": "net1", "type": "macvlan", "parent": PARENT, "addresses": ["10.99.0.2/24"]},
+    {"name": "net2", "interface": VF, "mtu": 1400},
+]
+
+
+def net_pod(
+    name: str,
+    n: int,
+    links: list[dict[str, object]],
+    namespace: str = "net",
+    host_network: bool = False,
+) -> PodSpec:
+    return PodSpec(
+        name=name,
+        namespace=namespace,
+        uid=uid(n),
+        host_network=host_network,
+        annotations={"netdevs.crihook.io/pod": json.dumps(links)},
+        containers=[app("app")],
+    )
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def network_namespace() -> Iterator[Path]:
+    """`crihook-corpus` with the veths netdev hands out; removed (with them) at the end."""
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
+    ip("netns", "add", NETNS)
+    try:
+        for n, name in enumerate((PARENT, VF), 1):
+            mac, peer_mac = f"02:cc:00:00:00:{n:02x}", f"02:cc:00:00:01:{n:02x}"
+            ip("-n", NETNS, "link", "add", name, "address", mac, "type", "veth",
+               "peer", "name", f"{name}-p", "address", peer_mac)  # fmt: skip
+            ip("-n", NETNS, "link", "set", name, "up")
+            ip("-n", NETNS, "link", "set", f"{name}-p", "up")
+        yield Path("/var/run/netns") / NETNS
+    finally:
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
+
+
+class NetnsCrihook(CrihookProcess):
+    """crihook in the script's network namespace (nsenter execs it: the pid is crihook's)."""
+
+    netns: Path
+
+    def command(self) -> list[str]:
+        return ["nsenter", f"--net={self.netns}", *super().command()]
 
 
 def refused(kubelet: KubeletClient, spec: PodSpec) -> None:
@@ -205,19 +283,33 @@ def update_burst(kubelet: KubeletClient, handles: list[PodHandle]) -> None:
 def record(out: Path, workload: str = "node") -> None:
     host_files(DEVICE_ROOT)
     images = build_images(DEFAULT_CACHE_DIR)
-    lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), images)
     workdir = short_tmpdir("corpus-")
     path = workdir / "record.jsonl"
-    proc: CrihookProcess | None = None
-    try:
-        lab.start()
-        proc = CrihookProcess(
-            lab.endpoint,
-            workdir=workdir,
-            config=config(DEVICE_ROOT) if workload == "node" else COLOCATED_CONFIG,
-            hooks=None,
-            args=["--record", str(path)],
-        )
+    proc: CrihookProcess
+    with contextlib.ExitStack() as cleanup:  # (in reverse: crihook, the lab, the namespace)
+        cleanup.callback(shutil.rmtree, DEVICE_ROOT, ignore_errors=True)
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), images)
+        args = ["--record", str(path)]
+        if workload == "node":
+            netns = cleanup.enter_context(network_namespace())
+            cleanup.callback(lab.cleanup)
+            lab.start()
+            plugin = Plugin().start()
+            cleanup.callback(plugin.stop)
+            proc = NetnsCrihook(
+                lab.endpoint, workdir=workdir, config=config(DEVICE_ROOT), hooks=None, args=args
+            )
+            proc.netns = netns
+            dropin = plugin.dropin("70-annotate", "fail")
+            (proc.plugins_dir / "annotate.toml").write_text(dropin)
+        else:
+            cleanup.callback(lab.cleanup)
+            lab.start()
+            proc = CrihookProcess(
+                lab.endpoint, workdir=workdir, config=COLOCATED_CONFIG, hooks=None, args=args
+            )
+        cleanup.callback(proc.kill)
         proc.start()
         if workload == "node":
             run_node(lab, proc)
@@ -226,12 +318,6 @@ def record(out: Path, workload: str = "node") -> None:
         assert proc.stop() == 0, proc.log()
         out.write_bytes(path.read_bytes())
         print(f"wrote {out} ({out.stat().st_size} bytes)")
-    finally:
-        if proc is not None:
-            proc.kill()
-        lab.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(DEVICE_ROOT, ignore_errors=True)
 
 
 def run_node(lab: Containerd, proc: CrihookProcess) -> None:
@@ -240,10 +326,10 @@ def run_node(lab: Containerd, proc: CrihookProcess) -> None:
     with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
         handles = {
             name: kubelet.run_pod(pods[name])
-            for name in ("coredns", "batch", "web", "cache", "db", "train")
+            for name in ("coredns", "batch", "web", "cache", "db", "train", "net")
         }
-        refused(kubelet, pods["not-allowed"])
-        refused(kubelet, pods["out-of-range"])
+        for name in ("not-allowed", "out-of-range", "net-host", "net-other"):
+            refused(kubelet, pods[name])
         # kubelet resizes web-0's app container (in place: more CPU, more memory).
         web = handles["web"]
         resized = api_pb2.LinuxContainerResources()
@@ -260,7 +346,7 @@ def run_node(lab: Containerd, proc: CrihookProcess) -> None:
     proc.start()  # a crihook restart: the file gets its second part
     with KubeletClient(proc.endpoint, log_root=lab.pod_log_dir) as kubelet:
         update_burst(kubelet, list(handles.values()))
-        for name in ("db", "train"):
+        for name in ("db", "train", "net"):
             kubelet.remove_pod(handles.pop(name))
         handles["db-1"] = kubelet.run_pod(pods["db-1"])
         for handle in handles.values():

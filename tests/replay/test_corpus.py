@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from crihook.proxy.config import settings_from_toml
+from crihook.proxy.observe import EFFECTS
 from crihook.proxy.replay import replay
 from crihook.proxy.replay_cli import replay_command
 from crihook.proxy.replay_explain import explain
@@ -41,6 +43,14 @@ async def test_the_corpus_replays_without_a_difference(path: Path) -> None:
     assert problems == []
     assert report.warnings == []
     assert len(report.results) == sum(len(s.entries) for s in report.recording.segments)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _effects(entry: CallEntry) -> list[str]:
+    return [o["op"] for o in entry.doc["observed"] if o["op"] in EFFECTS]
 
 
 def _calls(recording: Recording) -> list[CallEntry]:
@@ -76,8 +86,21 @@ def test_the_corpus_is_the_workload_the_issue_asks_for() -> None:
     assert any("crihook.io/sidecar-containers" in a for a in annotations)
     # Device annotations: injected, and refused by the node's policy.
     assert any("pools.crihook.io/container.app" in a for a in annotations)
-    statuses = Counter((c.status or {}).get("code", "OK") for c in calls)
-    assert statuses["PERMISSION_DENIED"] == 1 and statuses["INVALID_ARGUMENT"] == 1
+    statuses = Counter(((c.status or {}).get("code", "OK"), c.doc["pod"]) for c in calls)
+    assert statuses[("PERMISSION_DENIED", "ml/sneaky-0")] == 1
+    assert statuses[("INVALID_ARGUMENT", "batch/batch-1")] == 1
+    # Netdev annotations: a macvlan and a moved interface, given back; two refusals.
+    assert statuses[("INVALID_ARGUMENT", "net/net-host")] == 1
+    assert statuses[("PERMISSION_DENIED", "default/net-other")] == 1
+    net = {c.event.value: _effects(c) for c in calls if c.doc["pod"] == "net/net-app"}
+    assert net["RunPodSandbox"] == ["create", "configure", "move_in", "configure"]
+    assert net["StopPodSandbox"] == ["move_out", "restore", "delete"]
+    # A plugin process: noted with its settings, its answers kept.
+    plugins = [line for line in _lines(HERE / "containerd-node.jsonl") if line["kind"] == "plugins"]
+    assert [[p["name"] for p in line["plugins"]] for line in plugins] == [["70-annotate"]] * 2
+    verdicts = Counter(h["verdict"] for c in creates for h in c.doc["hooks"]
+                       if h["hook"] == "70-annotate")  # fmt: skip
+    assert verdicts == Counter({"adjusted": len(creates) - 3})  # not kube-system, refused ones
     # Resizes and the kubelet-restart bursts; deletions; updates sent to other containers.
     assert methods["UpdateContainerResources"] >= 2 * 7
     assert methods["RemoveContainer"] >= 5 and methods["RemovePodSandbox"] >= 5
@@ -106,6 +129,34 @@ async def test_a_changed_chain_differs_on_the_corpus_naming_call_and_field() -> 
     refused = next(r for r in report.results if getattr(r.entry, "label", "") == label)
     assert refused.differences[0].describe().startswith('status: recorded "INVALID_ARGUMENT')
     assert json.dumps(refused.differences[0].replayed) == '"OK"'
+
+
+async def test_the_corpus_replays_its_plugin_and_netdev_and_differs_without_them(
+    tmp_path: Path,
+) -> None:
+    recording = read_recording(HERE / "containerd-node.jsonl")
+    recorded = recording.segments[0].header["config"]
+    (tmp_path / "hooks.d").mkdir()  # a configuration without the plugin's drop-in
+    without_plugin = settings_from_toml({**recorded, "plugins_dir": str(tmp_path / "hooks.d")})
+
+    report = await replay(recording, without_plugin)
+
+    fields = {(d.what, d.field) for r in report.differing for d in r.differences}
+    assert ("forwarded", "config.annotations.example.com/annotated") in fields
+
+    report = await replay(recording, hooks="cpuset,numa,oom,devices")  # without netdev
+
+    differing = {getattr(r.entry, "label", ""): r.differences for r in report.differing}
+    run = differing["RunPodSandbox, pod net/net-app"]
+    assert [d.what for d in run] == ["host"] * 4
+    assert run[0].field.startswith("create(") and run[0].field.endswith(
+        "'net1', 'macvlan', 3, 'bridge')"
+    )
+    assert (
+        differing["RunPodSandbox, pod net/net-host"][0]
+        .describe()
+        .startswith("status: recorded \"INVALID_ARGUMENT: crihook: hook '60-netdev'")
+    )
 
 
 # --- the co-located Koordinator node ----------------------------------------------------------

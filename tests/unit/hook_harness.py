@@ -198,6 +198,9 @@ class Node:
     host: FakeHost = field(default_factory=FakeHost)
     cgroups: FakeCgroups | None = None
     """The pod cgroups hooks may write (None: none, as SyncContext's default)."""
+    netlink: Any = None
+    """The network interfaces hooks reach (a FakeNetlink; None: the real host's, as
+    SyncContext's default)."""
     pods: dict[str, PodView] = field(default_factory=dict)
     specs: dict[str, PodSpec] = field(default_factory=dict)
     containers: dict[str, ContainerView] = field(default_factory=dict)
@@ -221,6 +224,7 @@ class Node:
             topology_policy=self.policy,
             topology_scope=self.scope,
             cgroups=self.cgroups,
+            netlink=self.netlink,
             exempt=lambda pod: pod.namespace in self.exempt_namespaces,
         )
         updates = list(await self.hook.synchronize(sync) or ())

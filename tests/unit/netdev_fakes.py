@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from crihook.hooks.netdev.netlink import LinkInfo
+from crihook.hooks.node.netlink import LinkInfo
 
 __all__ = ["FakeKernel", "FakeLink", "FakeNetlink"]
 

@@ -133,6 +133,29 @@ async def test_under_ignore_the_whole_adjustment_is_dropped_and_audited() -> Non
     assert chain.entries[0].counters["not_permitted"] == 1
 
 
+@pytest.mark.parametrize("policy", ["fail", "ignore"])
+async def test_the_trace_keeps_what_the_chain_refused(policy: str) -> None:
+    """A recording keeps the refused adjustment next to the verdict: a replay standing in
+    for a plugin asks the chain the same, and the chain refuses it again."""
+    answer = Adjustment().set_env("SECRET", "x")
+    chain = make_chain([make_entry(Returns(answer), "50-p", failure_policy=policy)])
+    trace: list[Any] = []
+    call = chain.run(
+        Event.CREATE_CONTAINER, Stage.PRE, POD, CONTAINER, create_request(), None, None,
+        trace=trace,
+    )  # fmt: skip
+    if policy == "fail":
+        with pytest.raises(HookNotPermitted):
+            await call
+    else:
+        await call
+    ((hook, stage, verdict, detail, refused, _),) = trace
+    expected = "failed" if policy == "fail" else "ignored"
+    assert (hook, stage, verdict) == ("50-p", Stage.PRE, expected)
+    assert "may not set env 'SECRET'" in detail
+    assert refused is answer
+
+
 async def test_a_declared_hook_is_narrowed_by_allow_never_widened() -> None:
     declared = ("cpuset_cpus", "annotation")
     wide = Adjustment().set_cpuset_cpus("1").set_annotation("other.io/x", "1")

@@ -38,7 +38,7 @@ class Lab:
         self.kernel.add("eth0")
         self.netlink = FakeNetlink(self.kernel)
         self.node = Node(
-            NetdevHook(POLICY if options is None else options, netlink=self.netlink), TOPO
+            NetdevHook(POLICY if options is None else options), TOPO, netlink=self.netlink
         )
 
     async def start(self) -> Lab:
@@ -212,7 +212,7 @@ async def test_what_cannot_be_given_back_before_stop_is_repaired_after() -> None
 async def restarted(t: Lab, pods: list[str]) -> Lab:
     again = Lab.__new__(Lab)
     again.kernel, again.netlink = t.kernel, t.netlink
-    again.node = Node(NetdevHook(POLICY, netlink=t.netlink), TOPO, state=t.node.state)
+    again.node = Node(NetdevHook(POLICY), TOPO, state=t.node.state, netlink=t.netlink)
     again.node.runtime.netns = dict(t.node.runtime.netns)
     again.node.pods = {p: t.node.pods[p] for p in pods}
     await again.node.sync()

@@ -4,6 +4,8 @@ effective configuration written back as a config document, and field-level diffe
 from __future__ import annotations
 
 import base64
+import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
-from crihook.hooks.spec import Event
+from crihook.hooks.spec import Adjustment, Event, ResourceDelta, Stage
+from crihook.hooks.spec.adjustment import REMOVE, Field, describe_key, parse_key
 from crihook.proxy.config import (
     DEFAULT_REDACT_ANNOTATIONS,
     DEFAULT_REDACT_VALUES,
@@ -25,7 +28,9 @@ from crihook.proxy.config import (
     settings_from_toml,
 )
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.record_format import message_doc
+from crihook.proxy.merge import from_jsonable
+from crihook.proxy.outcome import HookRun
+from crihook.proxy.record_format import adjustment_of, hook_docs, message_doc
 from crihook.proxy.redact import REDACTED, Redactor
 from crihook.proxy.render import render
 from crihook.proxy.replay_diff import ABSENT, Difference, field_diff
@@ -282,3 +287,96 @@ def test_field_diff(recorded: Any, replayed: Any, expected: list[tuple[str, Any,
 def test_a_difference_reads_as_a_sentence() -> None:
     line = Difference("forwarded", "config.linux.resources.cpuset_cpus", "2-3", ABSENT).describe()
     assert line == 'forwarded config.linux.resources.cpuset_cpus: recorded "2-3", replayed (absent)'
+
+
+# --- a hook's recorded adjustment, read back (a replay standing in for a plugin) --------------
+
+ADJUSTMENTS: dict[str, Callable[[Adjustment], Adjustment]] = {
+    "cgroup_parent": lambda a: a.set_cgroup_parent("/kubepods/pod1"),
+    "label": lambda a: a.set_label("team", "payments"),
+    "label-removed": lambda a: a.remove_label("team"),
+    "annotation": lambda a: a.set_annotation("example.com/it's", 'say "hi"'),
+    "annotation-removed": lambda a: a.remove_annotation("example.com/x"),
+    "cpuset_cpus": lambda a: a.set_cpuset_cpus("2-3"),
+    "cpuset_mems": lambda a: a.set_cpuset_mems("0"),
+    "cpu_shares": lambda a: a.set_cpu_shares(2048),
+    "cpu_quota": lambda a: a.set_cpu_quota(-1),
+    "cpu_period": lambda a: a.set_cpu_period(100000),
+    "memory_limit": lambda a: a.set_memory_limit(1 << 30),
+    "memory_swap_limit": lambda a: a.set_memory_swap_limit(-1),
+    "hugepage_limit": lambda a: a.set_hugepage_limit("2MB", 4 << 20),
+    "unified": lambda a: a.set_unified("memory.high", "max"),
+    "unified-removed": lambda a: a.remove_unified("memory.high"),
+    "oom_score_adj": lambda a: a.set_oom_score_adj(-997),
+    "device": lambda a: a.add_device("/dev/fuse", "/dev/fuse", "rw"),
+    "device-removed": lambda a: a.remove_device("/dev/fuse"),
+    "mount": lambda a: a.add_mount("/models", "/srv/models", readonly=True, propagation="rslave"),
+    "mount-removed": lambda a: a.remove_mount("/models"),
+    "env": lambda a: a.set_env("MODEL_DIR", "/models"),
+    "env-removed": lambda a: a.remove_env("MODEL_DIR"),
+    "cdi_device": lambda a: a.add_cdi_device("vendor.com/gpu=0"),
+    "cdi_device-removed": lambda a: a.remove_cdi_device("vendor.com/gpu=0"),
+    "update": lambda a: a.update_container("c" * 64, ResourceDelta("0-1", cpu_shares=2)),
+    "several": lambda a: a.set_cpuset_cpus("1").set_env("A", "b").set_annotation("k", "v"),
+}
+
+
+def _recorded_answer(adjustment: Adjustment, redactor: Redactor) -> Any:
+    run = HookRun("50-plugin", Stage.PRE, "adjusted", "", adjustment, 0.001)
+    (doc,) = json.loads(json.dumps(hook_docs([run], redactor)))
+    return doc["answer"]
+
+
+def test_every_field_kind_has_a_case_in_the_round_trip() -> None:
+    built = [ADJUSTMENTS[name](Adjustment()) for name in ADJUSTMENTS]
+    assert {key[0] for a in built for key in a.changes} == set(Field)
+    assert {a.changes[k] is REMOVE for a in built for k in a.changes} == {True, False}
+
+
+@pytest.mark.parametrize("name", list(ADJUSTMENTS), ids=list(ADJUSTMENTS))
+def test_a_recorded_adjustment_reads_back_as_it_was(name: str) -> None:
+    adjustment = ADJUSTMENTS[name](Adjustment())
+    doc = _recorded_answer(adjustment, Redactor((), enabled=False))
+
+    assert adjustment_of(doc) == adjustment
+    assert [describe_key(k) for k in adjustment.changes] == list(doc["set"])
+    assert all(parse_key(describe_key(k)) == k for k in adjustment.changes)
+
+
+def test_a_redacted_env_value_reads_back_redacted() -> None:
+    adjustment = Adjustment().set_env("TOKEN", "s3cr3t").set_annotation("example.com/token", "t")
+    doc = _recorded_answer(adjustment, Redactor(("*token*",)))
+
+    again = adjustment_of(doc)
+
+    assert again.changes == {
+        (Field.ENV, "TOKEN"): REDACTED.encode(),
+        (Field.ANNOTATION, "example.com/token"): REDACTED,
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["cpuset", "cpuset_cpus '1'", "annotation", "annotation x", "annotation ''", "label 1",
+     "env __import__('os')"],
+    ids=["unknown", "scalar-with-key", "no-key", "unquoted", "empty", "not-a-string", "code"],
+)  # fmt: skip
+def test_parse_key_refuses_what_describe_key_never_writes(text: str) -> None:
+    with pytest.raises(ValueError, match=r"adjustment field|takes no key|quoted key"):
+        parse_key(text)
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ((Field.ENV, "A"), 5),
+        ((Field.DEVICE, "/dev/x"), "/dev/x"),
+        ((Field.MOUNT, "/m"), {"container_path": "/m", "nope": 1}),
+        ((Field.CPU_SHARES, ""), 1.5),
+        ((Field.CPU_SHARES, ""), True),
+    ],
+    ids=["env-number", "device-string", "mount-unknown-key", "float", "bool"],
+)
+def test_from_jsonable_refuses_what_jsonable_never_shows(key: Any, shown: Any) -> None:
+    with pytest.raises(TypeError):
+        from_jsonable(key, shown)

@@ -15,41 +15,60 @@ from crihook.proxy.replay_file import read_recording
 from tests.unit.test_replay_file import call, header, sync, write
 
 
-def refused_by_a_hook(seq: int) -> dict[str, Any]:
-    """A StartContainer a hook of the recorded chain refused: never forwarded."""
+def refused_by_a_plugin(seq: int) -> dict[str, Any]:
+    """A StartContainer a plugin refused: never forwarded. (A recording made before crihook
+    noted its plugins: the hook is not in the recorded configuration.)"""
     line = call(seq)
     line["forwarded"] = None
     line["response"] = None
+    detail = "hook '50-gone': rejected StartContainer: no more starts"
     line["status"] = {
         "code": "FAILED_PRECONDITION",
-        "message": "crihook: hook 'gone' rejected it",
+        "message": f"crihook: {detail} (pod , container c1)",
         "origin": "crihook",
     }
-    line["hooks"] = [{"hook": "50-gone", "stage": "pre", "verdict": "rejected", "ms": 0.1}]
+    line["hooks"] = [{"hook": "50-gone", "stage": "pre", "verdict": "rejected", "detail": detail}]
     return line
+
+
+async def test_a_plugin_the_recording_does_not_note_is_stood_in_for(tmp_path: Path) -> None:
+    path = write(tmp_path / "r.jsonl", [header(), sync(1), refused_by_a_plugin(2), call(3)])
+
+    report = await replay(read_recording(path))
+
+    assert report.differing == []
+    assert report.warnings == [
+        "line 1: hook(s) 50-gone ran in the recording without being in its configuration: "
+        "replayed as plugins with default settings (this recording does not note its plugins' "
+        "settings)"
+    ]
 
 
 async def test_a_call_the_replayed_chain_lets_through_differs_and_can_become_the_expectation(
     tmp_path: Path,
 ) -> None:
-    path = write(tmp_path / "r.jsonl", [header(), sync(1), refused_by_a_hook(2), call(3)])
+    path = write(tmp_path / "r.jsonl", [header(), sync(1), refused_by_a_plugin(2), call(3)])
+    (tmp_path / "hooks.d").mkdir()  # no drop-ins: the plugin is gone
+    config = settings_from_toml({"plugins_dir": str(tmp_path / "hooks.d")})
 
-    report = await replay(read_recording(path))
+    report = await replay(read_recording(path), config)
 
     (result,) = report.differing
     assert result.entry.line == 3
     assert [d.describe() for d in result.differences] == [
-        'status: recorded "FAILED_PRECONDITION: crihook: hook \'gone\' rejected it", replayed "OK"',
+        "status: recorded \"FAILED_PRECONDITION: crihook: hook '50-gone': rejected "
+        'StartContainer: no more starts (pod , container c1)", replayed "OK"',
         'forwarded: recorded "not forwarded", replayed "forwarded unchanged"',
     ]
     # The recording has no answer for it: a made-up success, said so.
     assert result.notes == [
         "the runtime was asked StartContainer, which the recording has no answer for (answered OK)"
     ]
-    # A plugin ran in the recording that the recorded configuration does not name.
-    assert any("plugin(s) 50-gone" in w for w in report.warnings)
+    assert f"plugin gone of the recording is not in {tmp_path / 'hooks.d'}: it is not run" in (
+        report.warnings
+    )
 
-    assert write_updated(report, None, None) == 1
+    assert write_updated(report, config, None) == 2  # the call, and the header's config
     again = await replay(read_recording(path))
     assert again.differing == []
     line = json.loads(path.read_text().splitlines()[2])

@@ -116,7 +116,33 @@ CORRUPT: dict[str, tuple[list[Any], bytes, int, str]] = {
     "no-seq": ([header(), {**call(2), "seq": "x"}], b"", 2, "seq"),
     "other-format": ([_old_format()], b"", 1, "format 99"),
     "broken-sync": ([header(), {**sync(1), "pods": [{"id": "x"}]}], b"", 2, "unreadable sync"),
+    "bad-plugin": (
+        [header(), {"kind": "plugins", "seq": 2, "plugins": [{"name": "p", "endpoint": "x"}]}],
+        b"",
+        2,
+        "unreadable plugin settings",
+    ),
+    "plugins-not-a-list": ([{**header(), "plugins": {}}], b"", 1, "plugins is not a list"),
 }
+
+
+def test_the_plugins_in_the_chain_are_known_at_every_seq(tmp_path: Path) -> None:
+    first = {"name": "50-a", "endpoint": "unix:///a.sock", "failure_policy": "ignore"}
+    second = {"name": "60-b", "endpoint": "unix:///b.sock"}
+    lines = [
+        {**header(), "plugins": [first]},
+        sync(1),
+        {"kind": "plugins", "seq": 3, "plugins": [first, second]},
+        call(2),
+        call(4),
+    ]
+    (segment,) = read_recording(write(tmp_path / "r", lines)).segments
+
+    names = {seq: [p.name for p in segment.plugins_at(seq) or []] for seq in (1, 2, 4)}
+
+    assert names == {1: ["50-a"], 2: ["50-a"], 4: ["50-a", "60-b"]}
+    assert segment.plugins is not None and segment.plugins[0].failure_policy == "ignore"
+    assert read_recording(write(tmp_path / "old", [header()])).segments[0].plugins is None
 
 
 @pytest.mark.parametrize("case", list(CORRUPT), ids=list(CORRUPT))

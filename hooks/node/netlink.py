@@ -1,6 +1,8 @@
-"""The seam through which the `netdev` hook changes network interfaces: a netlink session in
-the host's network namespace and, optionally, one pod's. crihook passes a
-:class:`PyrouteNetlink` (pyroute2); tests pass their own.
+"""The seam through which hooks (`netdev`) change network interfaces: a netlink session in
+the host's network namespace and, optionally, one pod's. crihook hands hooks a
+:class:`PyrouteNetlink` (pyroute2) in `SyncContext.netlink`; while it records, one that notes
+every question and change; a replay, one answering from the recording; tests, their own.
+pyroute2 is imported by the first session, in the worker thread that opens it.
 
 Every call blocks (netlink round trips; moving an interface waits for the kernel's RCU grace
 periods, ~25 ms): the hook runs them in a worker thread, never on the event loop.
@@ -18,16 +20,12 @@ import errno
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 __all__ = ["LinkInfo", "Netlink", "NetlinkSession", "PyrouteNetlink"]
-
-_FAILURES = (NetlinkError, OSError)
 
 _NETLINK_ROUTE = 0
 _MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
@@ -44,6 +42,28 @@ class LinkInfo:
     up: bool
     kind: str = ""
     """The link kind (`macvlan`, `veth`, ...); empty for a physical interface."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As recordings note an answer (JSON)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "mac": self.mac,
+            "mtu": self.mtu,
+            "up": self.up,
+            "kind": self.kind,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> LinkInfo:
+        return cls(
+            int(doc["index"]),
+            str(doc["name"]),
+            str(doc["mac"]),
+            int(doc["mtu"]),
+            bool(doc["up"]),
+            str(doc.get("kind", "")),
+        )
 
 
 class NetlinkSession(Protocol):
@@ -156,6 +176,9 @@ def _oserror(exc: BaseException, what: str) -> OSError:
 
 class _PyrouteSession:
     def __init__(self, host: Any, pod: Any, ns_fd: int, host_fd: int) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError  # (as IPRoute: in the worker)
+
+        self._failures: tuple[type[Exception], ...] = (NetlinkError, OSError)
         self._host = host
         self._pod = pod
         self._ns_fd = ns_fd
@@ -183,7 +206,7 @@ class _PyrouteSession:
             if not found:
                 return None
             return self._info(ipr.link("get", index=found[0])[0])
-        except _FAILURES as exc:
+        except self._failures as exc:
             if getattr(exc, "code", None) == errno.ENODEV:
                 return None
             raise _oserror(exc, f"looking up {name}") from exc
@@ -191,7 +214,7 @@ class _PyrouteSession:
     def _all(self, ipr: Any) -> list[LinkInfo]:
         try:
             return [self._info(m) for m in ipr.link("dump")]
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, "listing interfaces") from exc
 
     def host_link(self, name: str) -> LinkInfo | None:
@@ -216,7 +239,7 @@ class _PyrouteSession:
         self._in_pod()
         try:
             self._host.link("set", index=host_index, net_ns_fd=self._ns_fd, ifname=name)
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"moving interface {host_index} in as {name}") from exc
 
     def move_out(self, name: str, host_name: str) -> None:
@@ -225,7 +248,7 @@ class _PyrouteSession:
         try:
             pod.link("set", index=index, state="down")
             pod.link("set", index=index, net_ns_fd=self._host_fd, ifname=host_name)
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"moving {name} back as {host_name}") from exc
 
     def create(self, name: str, kind: str, parent_index: int, mode: str) -> None:
@@ -239,7 +262,7 @@ class _PyrouteSession:
             self._host.link(
                 "add", ifname=name, kind=kind, link=parent_index, net_ns_fd=self._ns_fd, **extra
             )
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"creating {kind} {name}") from exc
 
     def delete(self, name: str) -> None:
@@ -247,7 +270,7 @@ class _PyrouteSession:
         index = self._index(pod, name)
         try:
             pod.link("del", index=index)
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"deleting {name}") from exc
 
     def configure(self, name: str, mtu: int | None, addresses: Sequence[str]) -> None:
@@ -260,7 +283,7 @@ class _PyrouteSession:
                 ip, _, prefix = address.partition("/")
                 pod.addr("add", index=index, address=ip, prefixlen=int(prefix))
             pod.link("set", index=index, state="up")
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"configuring {name}") from exc
 
     def restore(self, index: int, name: str, mtu: int, up: bool) -> None:
@@ -273,5 +296,5 @@ class _PyrouteSession:
             if mtu and info.mtu != mtu:
                 host.link("set", index=index, mtu=mtu)
             host.link("set", index=index, state="up" if up else "down")
-        except _FAILURES as exc:
+        except self._failures as exc:
             raise _oserror(exc, f"restoring {name}") from exc
