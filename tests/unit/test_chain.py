@@ -848,6 +848,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2},
+            "failures": {},
         },
         {
             "name": "20-b",
@@ -862,6 +863,7 @@ async def test_status_reports_settings_breaker_and_counters() -> None:
             "subscriptions": ["pre-CreateContainer"],
             "breaker": "closed",
             "counters": {"calls": 2, "failures": 2, "ignored": 2},
+            "failures": {},
         },
     ]
 
