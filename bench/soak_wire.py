@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import socket
 import struct
 import threading
@@ -331,4 +332,5 @@ def run_wire(
     finally:
         crihook.kill()
         plugin.stop(sig=9)
+        shutil.rmtree(plugin.dir, ignore_errors=True)  # its socket's short dir, under /tmp
         runtime.stop()
