@@ -77,15 +77,17 @@ def _idle_burner() -> Iterator[None]:
         burner.wait()
 
 
-def _load(crihook: Crihook, payload_file: Path, marker: str | None, seconds: float) -> dict:
+def _load(
+    crihook: Crihook, payload_file: Path, marker: str | None, seconds: float, start: int
+) -> dict:
     argv = [
         sys.executable, "-m", "bench.loadgen", "--target", crihook.endpoint,
         "--method", next(m for m in METHODS if m.name == "CreateContainer").path,
         "--payload", str(payload_file), "--concurrency", "1", "--warmup", "0.5",
         "--duration", str(seconds),
     ]  # fmt: skip
-    if marker:
-        argv += ["--unique-marker", marker]
+    if marker:  # new container names in every row, as bench.run gives each cell
+        argv += ["--unique-marker", marker, "--start-index", str(start)]
     env = {**os.environ, "GRPC_EXPERIMENTS": TOOLS_GRPC_EXPERIMENTS}
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, env=env, check=True)
     result: dict = json.loads(done.stdout)["latency_us"]
@@ -116,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
             renderer = descendants(recording.pid)
 
             def measure(row: str, crihook: Crihook) -> None:
+                start = 1_000_000 * sum(len(r) for r in rows.values())
                 rows.setdefault(row, []).append(
-                    _load(crihook, payload_file, payload.marker, args.duration)
+                    _load(crihook, payload_file, payload.marker, args.duration, start)
                 )
 
             for rep in range(args.reps):

@@ -62,6 +62,7 @@ from crihook.proxy.errors import (
     HookTimeout,
     HookUnavailable,
 )
+from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.merge import Merger
 from crihook.proxy.permissions import DEFAULT_GRANTS, Permissions, parse_grants
 
@@ -706,8 +707,7 @@ class Chain:
 
 def failures_of(hook: ChainHook) -> dict[str, int]:
     """An in-process hook's own failure counts (`Hook.failures`); a plugin reports none."""
-    failures = getattr(hook, "failures", None)
-    return dict(failures()) if failures is not None else {}
+    return hook.failures() if isinstance(hook, LocalHook) else {}
 
 
 def _pod_label(pod: PodView) -> str:
