@@ -73,6 +73,7 @@ from crihook.proxy.runtime_client import RuntimeClient
 __all__ = [
     "ContainerRecord",
     "HookStateStore",
+    "JournalFile",
     "PodRecord",
     "Store",
     "append_line",
@@ -292,17 +293,31 @@ def apply_journal(journal: list[tuple[Path, list[bytes]]], states: dict[str, Any
     return replayed
 
 
-def append_line(path: Path, data: bytes) -> None:
-    """Append `data` to `path` (created if missing), or raise OSError and leave the file as
-    it was: a short write on a full disk is cut off again, so no torn line stays between two
-    whole ones."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    try:
-        size = os.fstat(fd).st_size
+class JournalFile:
+    """The journal file lines are appended to, kept open from one line to the next: opening
+    it for every line was a path lookup and two more system calls on every call that
+    reserves something. A file removed under it (its link count is 0) is made again."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+        self._fd: int | None = None
+
+    def append(self, path: Path, data: bytes) -> None:
+        """Append `data` to `path` (created if missing), or raise OSError and leave the file
+        as it was: a short write on a full disk is cut off again, so no torn line stays
+        between two whole ones."""
+        fd = self._fd
+        if fd is None or self._path != path:
+            fd = self._open(path)
+        try:
+            st = os.fstat(fd)
+            if not st.st_nlink:  # removed under us (the state directory cleared)
+                fd = self._open(path)
+                st = os.fstat(fd)
+        except OSError:
+            self.close()
+            raise
+        size = st.st_size
         try:
             view = memoryview(data)
             while view:
@@ -313,9 +328,33 @@ def append_line(path: Path, data: bytes) -> None:
                     os.ftruncate(fd, size)
                 else:
                     os.unlink(path)  # only this process writes it: the empty file is ours
+            self.close()  # the next line opens (and makes) the file again
             raise
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = self._path = None
+
+    def _open(self, path: Path) -> int:
+        self.close()
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o666)
+        self._fd, self._path = fd, path
+        return fd
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """One line appended as `JournalFile.append` does, the file closed again."""
+    journal = JournalFile()
+    try:
+        journal.append(path, data)
     finally:
-        os.close(fd)
+        journal.close()
 
 
 class CallChanges:
@@ -356,6 +395,7 @@ class Store:
         self._journal_gen = 1
         """The journal file lines are appended to; a checkpoint starts the next one."""
         self._journal_at: tuple[int, Path] = (0, state_dir)
+        self._journal_file = JournalFile()
         # Hook state changes are numbered; a call knows the number of its own last one, and
         # write_ahead() writes unless the disk (journal or state files) has everything up to
         # it already.
@@ -610,6 +650,8 @@ class Store:
                 self.last_error,
             )
         await self.write_status()
+        async with self._journal_lock:
+            self._journal_file.close()
 
     def status(self) -> dict[str, Any]:
         """The store's part of status.json: whether writes are failing, and since when."""
@@ -707,6 +749,7 @@ class Store:
                 await self._append_journal()  # raises before anything is taken
                 covered = self._journal_gen  # the state files written now hold all it has
                 self._journal_gen += 1
+                self._journal_file.close()  # the file is removed once the states are written
                 hooks = {n: self._hook_states[n].encoded() for n in names}
         self._dirty_store = self._dirty_store and store is None
         self._dirty_hooks = set()
@@ -763,9 +806,9 @@ class Store:
             self._unjournaled = {}
             try:
                 if self.journal_in_thread:
-                    await asyncio.to_thread(append_line, path, data)
+                    await asyncio.to_thread(self._journal_file.append, path, data)
                 else:
-                    append_line(path, data)  # ~10 us into the page cache: no thread hop
+                    self._journal_file.append(path, data)  # a page-cache append: no thread hop
             except OSError as exc:
                 for name, keys in taken.items():  # with whatever changed meanwhile
                     self._unjournaled.setdefault(name, set()).update(keys)

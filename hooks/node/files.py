@@ -72,16 +72,18 @@ class LinuxFiles:
 
 
 class LocalFiles:
-    """`LinuxFiles.nonblocking()`: lookups on local file systems only."""
+    """`LinuxFiles.nonblocking()`: lookups on local file systems only, by the mount table as
+    it is when this view is made (one request's checks: one look at whether it changed)."""
 
     def __init__(self, mounts: MountTable) -> None:
+        mounts.refresh()
         self._mounts = mounts
 
     def resolve(self, path: str) -> str:
-        return resolve_locally(path, self._mounts)
+        return resolve_locally(path, self._mounts, refresh=False)
 
     def device(self, path: str) -> DeviceNode | None:
-        self._mounts.require_local(path)
+        self._mounts.require_local(path, refresh=False)
         return _device_node(path)
 
     def nonblocking(self) -> HostFiles:

@@ -161,13 +161,14 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def resolve_locally(path: str, mounts: MountTable) -> str:
+def resolve_locally(path: str, mounts: MountTable, refresh: bool = True) -> str:
     """`os.path.realpath(path, strict=True)`, looking only at local file systems: raises
     WouldBlock before a lookup that would reach another. FileNotFoundError, ELOOP and the
-    other OSErrors as realpath raises them."""
+    other OSErrors as realpath raises them. `refresh=False`: by the table as last read."""
     if not path.startswith("/"):
         raise WouldBlock(f"{path} is relative")
-    mounts.refresh()  # once: a mount made during the walk is a race lost either way
+    if refresh:
+        mounts.refresh()  # once: a mount made during the walk is a race lost either way
     resolved = "/"
     pending = [c for c in reversed(path.split("/")) if c]
     links = 0

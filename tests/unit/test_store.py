@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -312,13 +313,13 @@ def count_writes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def count_appends(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The lines written ahead to the hook journal."""
     lines: list[bytes] = []
-    real = store_module.append_line
+    real = store_module.JournalFile.append
 
-    def counting(path: Path, data: bytes) -> None:
+    def counting(journal: store_module.JournalFile, path: Path, data: bytes) -> None:
         lines.append(data)
-        real(path, data)
+        real(journal, path, data)
 
-    monkeypatch.setattr(store_module, "append_line", counting)
+    monkeypatch.setattr(store_module.JournalFile, "append", counting)
     return lines
 
 
@@ -981,6 +982,7 @@ def crash(store: Store) -> None:
     if store._timer is not None:
         store._timer.cancel()
         store._timer = None
+    store._journal_file.close()  # as the kernel closes a dead process's files
 
 
 async def test_what_was_written_ahead_survives_a_crash_before_the_checkpoint(
@@ -1023,6 +1025,49 @@ async def test_a_torn_last_line_is_skipped_and_the_lines_before_it_kept(
     path.write_bytes(whole[:-5])  # the crash came in the middle of the second line
     assert loaded(tmp_path).hook_states() == {"pin": {"a": 1}}
     assert any("journal-1.jsonl line 2 is unreadable" in m for _, m in store_log(caplog))
+
+
+def open_journals() -> list[str]:
+    """Where this process's open files that are journal files lead."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed since
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return sorted(link for link in links if "/journal-" in link)
+
+
+def test_journal_lines_go_to_a_file_made_again_when_it_was_removed(tmp_path: Path) -> None:
+    path = tmp_path / "hooks" / "journal-1.jsonl"
+    journal_file = store_module.JournalFile()
+    try:
+        journal_file.append(path, b"a\n")
+        journal_file.append(path, b"b\n")  # the same open file
+        assert path.read_bytes() == b"a\nb\n"
+        path.unlink()  # an operator clears the file: the next line makes it again
+        journal_file.append(path, b"c\n")
+        assert path.read_bytes() == b"c\n"
+        shutil.rmtree(tmp_path / "hooks")  # or the whole directory
+        journal_file.append(path, b"d\n")
+        assert path.read_bytes() == b"d\n"
+    finally:
+        journal_file.close()
+    assert open_journals() == []
+
+
+async def test_the_journal_file_stays_open_only_until_the_checkpoint_retires_it(
+    tmp_path: Path,
+) -> None:
+    store = loaded(tmp_path)
+    await store.write_ahead(await change(store, "pin", "a", 1))
+    await store.write_ahead(await change(store, "pin", "b", 2))
+    assert open_journals() == [str(tmp_path / "hooks" / "journal-1.jsonl")]
+    await store.flush()  # the checkpoint removes journal-1: no deleted file is held open
+    assert journal(tmp_path) == [] and open_journals() == []
+    await store.write_ahead(await change(store, "pin", "c", 3))
+    assert open_journals() == [str(tmp_path / "hooks" / "journal-2.jsonl")]
+    await store.close()
+    assert open_journals() == []
+    assert loaded(tmp_path).hook_states() == {"pin": {"a": 1, "b": 2, "c": 3}}
 
 
 async def test_an_old_journal_left_by_a_crash_mid_checkpoint_changes_nothing(
@@ -1080,7 +1125,7 @@ async def test_a_state_dir_that_can_block_gets_its_lines_from_a_thread_in_order(
         disk.fill()  # no journal file yet: not one byte fits
         with pytest.raises(StateWriteError):
             await store.write_ahead(first)
-        assert threads == ["append_line"]
+        assert threads == ["append"]
         disk.free()
 
         async def call(n: int) -> None:
