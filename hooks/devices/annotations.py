@@ -50,6 +50,7 @@ __all__ = [
     "DeviceAsk",
     "EnvAsk",
     "MountAsk",
+    "PodAsks",
     "container_ask",
     "parse_device_annotation",
     "parse_env_annotation",
@@ -349,24 +350,53 @@ def parse_pool_annotation(value: object) -> Mapping[str, int]:
 def container_ask(annotations: Mapping[str, str], container: str) -> ContainerAsk:
     """What `container` asks for, from its pod's annotations (empty when nothing). Raises
     AnnotationError naming the annotation and the entry."""
-    pod: dict[str, str] = {}
-    own: dict[str, str] = {}
-    for key in annotations:
-        kind, slash, scope = key.partition("/")
-        if not slash or kind not in KINDS:
-            continue
-        if scope == "pod":
-            pod[kind] = key
-        elif scope.startswith("container."):
-            name = scope[len("container.") :]
-            if not _CONTAINER_NAME.fullmatch(name):
-                raise AnnotationError(f"{shown(name)} is not a container name", key=key)
-            if name == container:
-                own[kind] = key
-        else:
-            raise AnnotationError(
-                f"unknown key: use {kind}/pod or {kind}/container.<name>", key=key
-            )
+    return PodAsks(annotations).container(container)
+
+
+class PodAsks:
+    """A pod's annotations read once for all of its containers: which keys are pod-wide and
+    which are a container's own. Raises AnnotationError for a key of these kinds that is
+    neither. `container()` merges them for one container; the pod-wide ask, which every
+    container without keys of its own gets, is merged once."""
+
+    __slots__ = ("_annotations", "_own", "_pod", "_pod_wide")
+
+    def __init__(self, annotations: Mapping[str, str]) -> None:
+        pod: dict[str, str] = {}
+        own: dict[str, dict[str, str]] = {}
+        for key in annotations:
+            kind, slash, scope = key.partition("/")
+            if not slash or kind not in KINDS:
+                continue
+            if scope == "pod":
+                pod[kind] = key
+            elif scope.startswith("container."):
+                name = scope[len("container.") :]
+                if not _CONTAINER_NAME.fullmatch(name):
+                    raise AnnotationError(f"{shown(name)} is not a container name", key=key)
+                own.setdefault(name, {})[kind] = key
+            else:
+                raise AnnotationError(
+                    f"unknown key: use {kind}/pod or {kind}/container.<name>", key=key
+                )
+        self._annotations = annotations
+        self._pod = pod
+        self._own = own
+        self._pod_wide: ContainerAsk | None = None
+
+    def container(self, name: str) -> ContainerAsk:
+        """What container `name` asks for; AnnotationError naming the annotation and entry."""
+        own = self._own.get(name)
+        if own is not None:
+            return _container_ask(self._annotations, self._pod, own)
+        if self._pod_wide is None:  # a refusal is not kept: it is raised again
+            self._pod_wide = _container_ask(self._annotations, self._pod, {})
+        return self._pod_wide
+
+
+def _container_ask(
+    annotations: Mapping[str, str], pod: Mapping[str, str], own: Mapping[str, str]
+) -> ContainerAsk:
     if not pod and not own:
         return _NOTHING
     devices = _merged(annotations, pod.get(DEVICES), own.get(DEVICES), parse_device_annotation)

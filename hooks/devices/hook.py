@@ -30,7 +30,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, container_ask
+from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, PodAsks
 from crihook.hooks.devices.host import HostFiles, LinuxFiles, WouldBlock
 from crihook.hooks.devices.policy import (
     DevicePolicy,
@@ -67,6 +67,9 @@ __all__ = ["DevicesHook"]
 
 log = logging.getLogger(__name__)
 
+_POD_ASKS_KEPT = 4096
+"""Pods whose annotations' reading is kept (far more than a node runs)."""
+
 
 class DevicesHook(Hook):
     sets = ("device", "mount", "env", f"annotation:{ASSIGNED}")
@@ -83,8 +86,9 @@ class DevicesHook(Hook):
         self._pooled = PooledIndex()
         self._runtime: RuntimeQueries | None = None
         self._finished: dict[str, Mapping[str, bool]] = {}
-        self._last_ask: tuple[Mapping[str, str], str, ContainerAsk] | None = None
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
+        self._pod_asks: dict[str, tuple[Mapping[str, str], PodAsks]] = {}
+        """Pod id → its annotations object and their reading (`_ask`)."""
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -224,17 +228,21 @@ class DevicesHook(Hook):
 
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         self.book.remove_pod(ctx.pod.id)
+        self._pod_asks.pop(ctx.pod.id, None)
         return None
 
     def _ask(self, pod: PodView, container: ContainerView) -> ContainerAsk:
-        """`container_ask`, read once per call: the hints stage's answer is the pre stage's
-        (same pod annotations object, same name)."""
-        last = self._last_ask
-        if last is not None and last[0] is pod.annotations and last[1] == container.name:
-            return last[2]
-        ask = container_ask(pod.annotations, container.name)  # AnnotationError: not kept
-        self._last_ask = (pod.annotations, container.name, ask)
-        return ask
+        """What the container asks for. The pod's annotations are read once while the pod's
+        view (its annotations object) stays the same: every container of the pod, and the
+        hints and pre stages of one call, share that reading."""
+        held = self._pod_asks.get(pod.id)
+        if held is not None and held[0] is pod.annotations:
+            return held[1].container(container.name)
+        asks = PodAsks(pod.annotations)  # AnnotationError: not kept
+        if len(self._pod_asks) >= _POD_ASKS_KEPT:
+            self._pod_asks.clear()  # pods removed while crihook was away: never told
+        self._pod_asks[pod.id] = (pod.annotations, asks)
+        return asks.container(container.name)
 
     # --- pooled devices ----------------------------------------------------------------------
     async def _reusable(
@@ -332,8 +340,10 @@ class DevicesHook(Hook):
         chosen: list[str] = []
         missing: list[str] = []
         ordered = preference_order(pool.devices, affinity)
-        reused = [d for d in ordered if d.id in reusable]
-        for device in reused + [d for d in ordered if d.id not in reusable]:
+        if reusable:
+            reused = [d for d in ordered if d.id in reusable]
+            ordered = reused + [d for d in ordered if d.id not in reusable]
+        for device in ordered:
             if device.id not in reusable and book.held(pool.name, device.id):
                 continue
             if not self._present(pool, device):

@@ -153,9 +153,11 @@ class Allocation:
     """The container's kind (ContainerKind value): an init container's devices are reusable
     by the pod's later containers."""
 
-    @property
-    def key(self) -> str:
-        return f"{self.pod}/{self.name}"
+    key: str = field(init=False, repr=False, compare=False)
+    """`<pod>/<name>`: the book's key (made once; looked up a dozen times per call)."""
+
+    def __post_init__(self) -> None:
+        self.key = f"{self.pod}/{self.name}"
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {

@@ -15,9 +15,11 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["GlobSet", "compile_glob", "compile_path_glob"]
+
+_VERDICTS_KEPT = 1024
 
 
 def compile_glob(pattern: str, *, separator: str = "/") -> re.Pattern[str]:
@@ -79,6 +81,8 @@ class GlobSet:
 
     patterns: tuple[str, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = ()
+    _verdicts: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    """Text → whether it matches: requests ask for the same few paths and names again."""
 
     @classmethod
     def of_paths(cls, patterns: Iterable[str]) -> GlobSet:
@@ -91,7 +95,12 @@ class GlobSet:
         return cls(listed, tuple(compile_glob(p) for p in listed))
 
     def matches(self, text: str) -> bool:
-        return any(p.fullmatch(text) for p in self._compiled)
+        verdict = self._verdicts.get(text)
+        if verdict is None:
+            if len(self._verdicts) >= _VERDICTS_KEPT:
+                self._verdicts.clear()
+            verdict = self._verdicts[text] = any(p.fullmatch(text) for p in self._compiled)
+        return verdict
 
     def __bool__(self) -> bool:
         return bool(self.patterns)

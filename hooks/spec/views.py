@@ -82,7 +82,8 @@ def container_state(cri_state: int) -> ContainerState:
 
 
 def _ro(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(mapping)) if mapping else _EMPTY
+    # A comprehension: dict() of a protobuf map goes through collections.abc's Python views.
+    return MappingProxyType({k: mapping[k] for k in mapping}) if mapping else _EMPTY
 
 
 @dataclass(frozen=True)
