@@ -276,6 +276,31 @@ def test_hook_state_refuses_non_json_values_and_changes_nothing(tmp_path: Path, 
     assert store.hook_states() == before
 
 
+def test_a_value_that_contains_itself_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    store = loaded(tmp_path)
+    state = store.hook_state("pin")
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(RecursionError):
+        state.set("k", {"devices": looped})
+    assert state.get("k") is None and not store.hook_states_dirty
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"b": [1, 2.5, None], "a": {"z": True, "é": "ü"}}, "x\ty", -3, 1e100, float("nan"), []],
+)
+async def test_hook_state_values_reach_the_journal_as_compact_sorted_json(
+    tmp_path: Path, value: Any
+) -> None:
+    store = loaded(tmp_path)
+    await store.write_ahead(await change(store, "pin", "k", value))
+    line = (tmp_path / "hooks" / "journal-1.jsonl").read_text()
+    shown = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    assert line == f'{{"pin":{{"set":{{"k":{shown}}}}}}}\n'
+    await store.close()
+
+
 async def test_hook_states_dirty_follows_hook_changes_only(tmp_path: Path) -> None:
     store = loaded(tmp_path)
     assert not store.hook_states_dirty
