@@ -9,7 +9,7 @@ configured precedence (earlier in the list wins).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from google.protobuf.message import Message
@@ -229,14 +229,20 @@ _SCALAR_RESOURCES = {
 def apply_change(event: Event, request: Any, key: FieldKey, value: Any) -> None:
     """Write one field into the request (a protobuf message, changed in place)."""
     field, name = key
-    if field is Field.CGROUP_PARENT:
-        request.config.linux.cgroup_parent = value
-    elif field in (Field.LABEL, Field.ANNOTATION):
+    keyed = _KEYED.get(field)
+    if keyed is not None:  # devices, mounts, CDI devices: the most common on CreateContainer
+        repeated, attr, fields = keyed
+        _replace_keyed(getattr(request.config, repeated), attr, name, value, fields)
+    elif field is Field.ENV:
+        _set_env(request.config.envs, name, value)
+    elif field is Field.LABEL or field is Field.ANNOTATION:
         target = _maps(event, request, field)
         if value is REMOVE:
             target.pop(name, None)
         else:
             target[name] = value
+    elif field is Field.CGROUP_PARENT:
+        request.config.linux.cgroup_parent = value
     elif field in _SCALAR_RESOURCES:
         setattr(_resources(event, request), _SCALAR_RESOURCES[field], value)
     elif field is Field.HUGEPAGE_LIMIT:
@@ -247,16 +253,6 @@ def apply_change(event: Event, request: Any, key: FieldKey, value: Any) -> None:
             unified.pop(name, None)
         else:
             unified[name] = value
-    elif field is Field.DEVICE:
-        _replace_keyed(request.config.devices, "container_path", name, value, _device)
-    elif field is Field.MOUNT:
-        _replace_keyed(request.config.mounts, "container_path", name, value, _mount)
-    elif field is Field.ENV:
-        _set_env(request.config.envs, name, value)
-    elif field is Field.CDI_DEVICE:
-        _replace_keyed(
-            request.config.CDI_devices, "name", name, value, lambda n: api_pb2.CDIDevice(name=n)
-        )
     else:  # pragma: no cover - every Field is handled above
         raise AssertionError(f"unhandled field {field}")
 
@@ -269,36 +265,54 @@ def _set_hugepage(resources: Any, page_size: str, limit: int) -> None:
     resources.hugepage_limits.add(page_size=page_size, limit=limit)
 
 
-def _replace_keyed(items: Any, attr: str, key: str, value: Any, build: Any) -> None:
+def _replace_keyed(
+    items: Any, attr: str, key: str, value: Any, fields: Callable[[Any], dict[str, Any]]
+) -> None:
     """Replace the entry with this key in place (order kept), append it, or remove it."""
-    index = next((i for i, item in enumerate(items) if getattr(item, attr) == key), None)
+    index = None
+    for i, item in enumerate(items):
+        if getattr(item, attr) == key:
+            index = i
+            break
     if value is REMOVE:
         if index is not None:
             del items[index]
         return
-    message = build(value)
     if index is None:
-        items.append(message)
+        items.add(**fields(value))  # made in place: no message built and copied in
     else:
-        items[index].CopyFrom(message)
+        items[index].CopyFrom(type(items[index])(**fields(value)))
 
 
-def _device(device: Device) -> api_pb2.Device:
-    return api_pb2.Device(
-        container_path=device.container_path,
-        host_path=device.host_path,
-        permissions=device.permissions,
-    )
+def _device_fields(device: Device) -> dict[str, Any]:
+    return {
+        "container_path": device.container_path,
+        "host_path": device.host_path,
+        "permissions": device.permissions,
+    }
 
 
-def _mount(mount: Mount) -> api_pb2.Mount:
-    return api_pb2.Mount(
-        container_path=mount.container_path,
-        host_path=mount.host_path,
-        readonly=mount.readonly,
-        selinux_relabel=mount.selinux_relabel,
-        propagation=_PROPAGATION[mount.propagation],
-    )
+def _mount_fields(mount: Mount) -> dict[str, Any]:
+    return {
+        "container_path": mount.container_path,
+        "host_path": mount.host_path,
+        "readonly": mount.readonly,
+        "selinux_relabel": mount.selinux_relabel,
+        "propagation": _PROPAGATION[mount.propagation],
+    }
+
+
+def _cdi_fields(name: str) -> dict[str, Any]:
+    return {"name": name}
+
+
+_KEYED: dict[Field, tuple[str, str, Callable[[Any], dict[str, Any]]]] = {
+    Field.DEVICE: ("devices", "container_path", _device_fields),
+    Field.MOUNT: ("mounts", "container_path", _mount_fields),
+    Field.CDI_DEVICE: ("CDI_devices", "name", _cdi_fields),
+}
+"""ContainerConfig's repeated fields whose entries are keyed: the field, the entry's key
+field, and the entry's fields from an adjustment's value."""
 
 
 def _set_env(envs: Any, name: str, value: Any) -> None:

@@ -221,7 +221,7 @@ class HookStateStore:
             values = ",".join(f"{_encode_key(k)}:{self._value(k)}" for k in present)
             parts.append(f'"set":{{{values}}}')
         if gone:
-            parts.append(f'"delete":{json.dumps(gone, separators=(",", ":"))}')
+            parts.append(f'"delete":{_encode_value(gone)}')
         return f"{{{','.join(parts)}}}"
 
     def _value(self, key: str) -> str:
