@@ -198,6 +198,9 @@ class PoolBook:
         """(pool, id) → keys of the allocations that hold it (several only within one pod:
         an init container's devices reused by a later container)."""
         self._by_container: dict[str, str] = {}
+        self._of_pod: dict[str, dict[str, Allocation]] = {}
+        """Pod → its allocations by key: what a create asks about its own pod does not walk
+        the whole node's."""
 
     # --- reading -----------------------------------------------------------------------------
     def of(self, pod: str, name: str) -> Allocation | None:
@@ -214,7 +217,7 @@ class PoolBook:
     def undecided(self, pod: str) -> bool:
         """The pod has allocations of containers whose kind CRI did not say: whether their
         devices are reusable depends on whether they exited (`reusable`'s `finished`)."""
-        return any(a.pod == pod and a.kind == "unknown" for a in self.allocations.values())
+        return any(a.kind == "unknown" for a in self._of_pod.get(pod, {}).values())
 
     def reusable(
         self, pod: str, name: str, finished: Mapping[str, bool]
@@ -226,8 +229,8 @@ class PoolBook:
         hold (an app container that already took them, a sidecar)."""
         reuse: set[tuple[str, str]] = set()
         keep: set[tuple[str, str]] = set()
-        for allocation in self.allocations.values():
-            if allocation.pod != pod or allocation.name == name:
+        for allocation in self._of_pod.get(pod, {}).values():
+            if allocation.name == name:
                 continue
             done = bool(allocation.containers) and not allocation.pending
             if allocation.kind == "unknown":
@@ -298,7 +301,7 @@ class PoolBook:
         return allocation
 
     def remove_pod(self, pod: str) -> list[Allocation]:
-        gone = [a for a in self.allocations.values() if a.pod == pod]
+        gone = list(self._of_pod.get(pod, {}).values())
         for allocation in gone:
             self._drop(allocation)
         return gone
@@ -310,6 +313,7 @@ class PoolBook:
         self.allocations.clear()
         self._holders.clear()
         self._by_container.clear()
+        self._of_pod.clear()
         dropped = []
         for key, doc in sorted(self.state.items()):
             if not key.startswith(_PREFIX):
@@ -406,6 +410,7 @@ class PoolBook:
         if old is not None:
             self._drop(old)
         self.allocations[allocation.key] = allocation
+        self._of_pod.setdefault(allocation.pod, {})[allocation.key] = allocation
         for pool, ids in allocation.devices.items():
             for ident in ids:
                 self._holders.setdefault((pool, ident), []).append(allocation.key)
@@ -417,6 +422,10 @@ class PoolBook:
         if self.allocations.get(allocation.key) is not allocation:
             return
         del self.allocations[allocation.key]
+        of_pod = self._of_pod[allocation.pod]
+        del of_pod[allocation.key]
+        if not of_pod:
+            del self._of_pod[allocation.pod]
         for pool, ids in allocation.devices.items():
             for ident in ids:
                 holders = self._holders.get((pool, ident), [])

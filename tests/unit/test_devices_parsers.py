@@ -1,6 +1,7 @@
 """The devices hook's pure parts: the annotation parsers (tables, and properties: no input
 crashes them, every refusal is a clear AnnotationError), path globs, the policy options, and
-the pools' NUMA hints and pick (kubelet's device manager)."""
+the pools' NUMA hints and pick (kubelet's device manager), and the pool book's per-pod
+answers against a walk of every allocation."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from crihook.hooks.devices.annotations import (
     parse_pool_annotation,
 )
 from crihook.hooks.devices.policy import PoolDevice, parse_policy
-from crihook.hooks.devices.pools import device_hints, pick_devices
+from crihook.hooks.devices.pools import PoolBook, device_hints, pick_devices
 from crihook.hooks.node.globs import compile_glob, compile_path_glob
 from crihook.hooks.spec import TopologyHint
 
@@ -354,3 +355,80 @@ def test_pick_takes_the_chosen_node_then_unknown_then_others() -> None:
     assert pick_devices(devices, {"a", "c", "e"}, 3, frozenset({1})) == ("c", "e", "a")
     assert pick_devices(devices, {"a", "b"}, 1, None) == ("a",)
     assert pick_devices(devices, {"a"}, 2, None) is None
+
+
+# --- the pool book's per-pod index ---------------------------------------------------------
+
+
+class _DictState(dict):  # type: ignore[type-arg]
+    """A HookState kept in a dict (values as they were set)."""
+
+    def set(self, key: str, value: Any) -> None:
+        self[key] = json.loads(json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.pop(key, None)
+
+
+_BOOK_POLICY = parse_policy(
+    {"pools": {"gpu": {"devices": [{"id": str(i), "path": f"/dev/g{i}"} for i in range(6)]}}}
+)
+_KINDS = {"init": "init", "app": "app", "side": "unknown"}  # side: CRI did not say
+_BOOK_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "confirm", "release", "remove", "remove_pod", "reload"]),
+        st.sampled_from(["p1", "p2", "p3"]),
+        st.sampled_from(["init", "app", "side"]),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_BOOK_STEPS)
+def test_the_book_answers_per_pod_as_a_walk_of_every_allocation_would(
+    steps: list[tuple[str, str, str]],
+) -> None:
+    state = _DictState()
+    book = PoolBook(_BOOK_POLICY.pools, state)
+    ids = iter(f"c{i}" for i in range(1000))
+    for op, pod, name in steps:
+        if op == "reserve" and book.of(pod, name) is None:
+            free = sorted(book.available("gpu"))
+            if free:
+                book.reserve(pod, name, {"gpu": (free[0],)}, _KINDS[name])
+        elif op == "confirm":
+            book.confirm(pod, name, next(ids))
+        elif op == "release":
+            book.release_pending(pod, name)
+        elif op == "remove":
+            held = book.of(pod, name)
+            if held is not None and held.containers:
+                book.remove_container(held.containers[0])
+        elif op == "remove_pod":
+            gone = book.remove_pod(pod)
+            assert all(a.pod == pod for a in gone)
+            assert not [a for a in book.allocations.values() if a.pod == pod]
+        else:  # crihook restarts: the book is read back from its state
+            book = PoolBook(_BOOK_POLICY.pools, state)
+            assert book.load() == []
+        for each in ("p1", "p2", "p3"):
+            walked = [a for a in book.allocations.values() if a.pod == each]
+            assert book.undecided(each) == any(a.kind == "unknown" for a in walked)
+            expected = _reusable_by_walking(walked, "app")
+            assert book.reusable(each, "app", {}) == expected
+
+
+def _reusable_by_walking(allocations: list[Any], name: str) -> dict[str, frozenset[str]]:
+    """What `reusable` gives for a container of kind app, from the pod's allocations."""
+    reuse: set[tuple[str, str]] = set()
+    keep: set[tuple[str, str]] = set()
+    for a in allocations:
+        if a.name == name:
+            continue
+        done = bool(a.containers) and not a.pending and a.kind == "init"
+        (reuse if done else keep).update((p, i) for p, ids in a.devices.items() for i in ids)
+    out: dict[str, set[str]] = {}
+    for pool, ident in reuse - keep:
+        out.setdefault(pool, set()).add(ident)
+    return {p: frozenset(i) for p, i in out.items()}
