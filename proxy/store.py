@@ -237,7 +237,7 @@ def _value_encoder() -> Callable[[Any], str]:
     every call, and JSONEncoder.encode its C encoder; a call that reserves something encodes
     a value or two (~2.6 µs each that way, ~1.6 µs with the C encoder kept)."""
     fallback = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-    make = json.encoder.c_make_encoder
+    make = getattr(json.encoder, "c_make_encoder", None)  # not in the typing stubs
     if make is None:  # an interpreter without the C accelerator
         return fallback.encode
     # No circular-reference markers: a value that contains itself exceeds the recursion
