@@ -16,6 +16,7 @@ configured `allow` only narrows that: a change must be allowed by both.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -75,8 +76,15 @@ class Permissions:
 
     layers: tuple[Grants, ...]
 
+    @functools.cached_property
+    def _whole(self) -> frozenset[Field]:
+        """Fields every layer grants whatever the key: allowed without a glob matched."""
+        return frozenset(
+            f for f in Field if all(f in g.fields and g.fields[f] is None for g in self.layers)
+        )
+
     def allows(self, key: FieldKey) -> bool:
-        return all(g.allows(key) for g in self.layers)
+        return key[0] in self._whole or all(g.allows(key) for g in self.layers)
 
     def denied(self, adjustment: Adjustment) -> Iterator[str]:
         """What `adjustment` sets that is not allowed (named as the audit names fields)."""
