@@ -31,9 +31,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.payloads import fake_create_container_request
+from bench.payloads import InstantRuntime, fake_create_container_request
 from bench.run import _annotate_hooks
-from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import RecordSettings, settings_from_toml
@@ -47,15 +46,6 @@ from crihook.proxy.record_worker import _Pickler
 from crihook.proxy.store import Store
 
 REPS = 9
-_CREATED = api_pb2.CreateContainerResponse(container_id="c" * 64).SerializeToString()
-
-
-class _Runtime:
-    def call(self, path: str) -> Any:
-        async def unary(request: bytes, *, timeout: Any = None, metadata: Any = None) -> bytes:
-            return _CREATED
-
-        return unary
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +62,7 @@ async def _pipeline(state_dir: Path) -> tuple[Pipeline, bytes]:
     chain.set_builtin([Chain.entry(load_local_hook(h), h) for h in settings.chain.hooks])
     readiness = Readiness()
     readiness.set(True)
-    pipeline = Pipeline(_Runtime(), chain, store, readiness)
+    pipeline = Pipeline(InstantRuntime(), chain, store, readiness)
     return pipeline, fake_create_container_request()  # (its pod: from its sandbox config)
 
 
