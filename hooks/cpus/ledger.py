@@ -305,7 +305,7 @@ class CpuLedger(Hook):
         if holder is None or want is None:
             return None
         if holder.cpus and not holder.scheduled:
-            milli = cpu_request_milli_from_shares(ctx.request.linux.cpu_shares)  # type: ignore[attr-defined]
+            milli = cpu_request_milli_from_shares(ctx.peek_request().linux.cpu_shares)  # type: ignore[attr-defined]
             if milli is not None and milli != len(holder.cpus) * 1000:
                 if not self.config.resize_exclusive_cpus or holder.in_bubble:
                     _refuse_cpu_resize(holder, milli, container)
@@ -390,8 +390,8 @@ class CpuLedger(Hook):
         """A pod-level resize of a pod with a bubble: its CPUs stay as they are (kubelet's
         pod-level resource managers do not resize a pod's exclusive resources)."""
         bubble = self.pool.bubble_of(ctx.pod.id)
-        resources = ctx.request.resources  # type: ignore[attr-defined]
-        if bubble is None or not ctx.request.HasField("resources"):
+        resources = ctx.peek_request().resources  # type: ignore[attr-defined]
+        if bubble is None or not ctx.peek_request().HasField("resources"):
             return None
         milli = cpu_request_milli_from_shares(resources.cpu_shares)
         if milli is not None and milli != len(bubble.cpus) * 1000:

@@ -182,7 +182,7 @@ class KoordinatorHook(Hook):
         adjustment = None
         if self._cpus is not None:
             adjustment = await self._cpus.pre_update_container_resources(ctx)
-        if not ctx.request.HasField("linux"):  # annotations only: no resources to keep
+        if not ctx.peek_request().HasField("linux"):  # annotations only: no resources to keep
             return adjustment
         return self._with_batch(ctx, _container(ctx), adjustment)
 

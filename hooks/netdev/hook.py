@@ -194,7 +194,7 @@ class NetdevHook(Hook):
             asks = parse_netdev_annotation(raw)
         except AnnotationError as exc:
             raise InvalidRequest(str(exc)) from None
-        options = ctx.request.config.linux.security_context.namespace_options  # type: ignore[attr-defined]
+        options = ctx.peek_request().config.linux.security_context.namespace_options  # type: ignore[attr-defined]
         if options.network == api_pb2.NODE:
             raise InvalidRequest(
                 f"{NETDEVS}: pod {_pod(ctx.pod)} runs on the host's network (hostNetwork): "

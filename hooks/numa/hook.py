@@ -286,7 +286,7 @@ class NumaHook(Hook):
         want = self._mems_of(container.id)
         if want is None:
             return None
-        self._refuse_memory_resize(container, ctx.request.linux)  # type: ignore[attr-defined]
+        self._refuse_memory_resize(container, ctx.peek_request().linux)  # type: ignore[attr-defined]
         return Adjustment().set_cpuset_mems(format_cpu_list(want))
 
     def _refuse_memory_resize(self, container: ContainerView, linux: object) -> None:
@@ -367,7 +367,7 @@ class NumaHook(Hook):
         it with no policy (its own best hint)."""
         memory = self._memory
         assert memory is not None
-        cpuset = ctx.request.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+        cpuset = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         cpus = parse_cpu_list(cpuset) & self._topology.online
         # Only exclusive CPUs say where the container runs; a shared pool (any other cpuset)
         # leaves the choice to kubelet's memory manager.

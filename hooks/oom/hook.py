@@ -134,7 +134,7 @@ class OomHook(Hook):
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
         cid: str = ctx.response.container_id  # type: ignore[union-attr]
-        score = ctx.request.config.linux.resources.oom_score_adj  # type: ignore[attr-defined]
+        score = ctx.peek_request().config.linux.resources.oom_score_adj  # type: ignore[attr-defined]
         sticky = _sticky(self, ctx.pod)
         ctx.state.set(_CONTAINER + cid, {"pod": ctx.pod.id, "score": score, "sticky": sticky})
         return None
@@ -149,9 +149,9 @@ class OomHook(Hook):
         container = _container(ctx)
         key = _CONTAINER + container.id
         kept = ctx.state.get(key)
-        if kept is None or self._host is None or not ctx.request.HasField("linux"):
+        if kept is None or self._host is None or not ctx.peek_request().HasField("linux"):
             return None  # without resources (only annotations, say) it asks for no score
-        wanted = int(ctx.request.linux.oom_score_adj)  # type: ignore[attr-defined]
+        wanted = int(ctx.peek_request().linux.oom_score_adj)  # type: ignore[attr-defined]
         if int(kept["score"]) == wanted:
             return None
         # containerd ignores oom_score_adj on update: crihook writes it to the processes.
