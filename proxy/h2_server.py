@@ -325,7 +325,8 @@ class Relay(_Call):
         self.headers_sent = True
         self.replay = None
         if end_stream:
-            self.ended(*_trailer_status(headers))
+            if self.measured is not None:  # how it ended is only for the metrics
+                self.ended(*_trailer_status(headers))
             self.finish()
 
     def up_data(self, data: bytes, end_stream: bool, flow: int) -> None:
@@ -720,9 +721,16 @@ class H2Server:
             await self._server.wait_closed()
 
 
+_STATUS_NAMES = {str(code.value[0]): code.name for code in grpc.StatusCode}
+"""`grpc-status` as grpc writes it → the code's name (an enum's `.name` is slow to read)."""
+
+
 def _trailer_status(headers: list[Header]) -> tuple[str, str]:
     """The status name and origin the runtime's trailers (or trailers-only answer) carry
     (no `grpc-status`, or one grpc does not know: UNKNOWN, as grpc clients read it)."""
-    value = next((v for name, v in headers if name == "grpc-status"), None)
-    code = status_from_header(value).name
+    code = "UNKNOWN"
+    for name, value in headers:
+        if name == "grpc-status":
+            code = _STATUS_NAMES.get(value) or status_from_header(value).name  # ("00", "+0")
+            break
     return code, "" if code == "OK" else "runtime"
