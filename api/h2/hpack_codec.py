@@ -157,7 +157,7 @@ class BlockDecoder:
 
     def _add(self, name: str, value: str) -> None:
         self._generation += 1
-        size = 32 + len(name.encode()) + len(value.encode())
+        size = 32 + _octets(name) + _octets(value)
         table = self._table
         if size > self._table_max:
             table.clear()
@@ -171,16 +171,20 @@ class BlockDecoder:
         table = self._table
         while self._size > self._table_max:
             name, value = table.pop()
-            self._size -= 32 + len(name.encode()) + len(value.encode())
+            self._size -= 32 + _octets(name) + _octets(value)
 
     def _decode(self, block: bytes) -> list[tuple[str, str]]:
         headers: list[tuple[str, str]] = []
         offset, end, total = 0, len(block), 0
         while offset < end:
             first = block[offset]
-            if first & 0x80:  # indexed field
-                index, offset = _read_integer(block, offset, 7)
-                field = self._entry(index)
+            if first & 0x80:  # indexed field (most of a block once the peer's table is warm)
+                index = first & 0x7F
+                if index < 0x7F:
+                    offset += 1
+                else:
+                    index, offset = _read_integer(block, offset, 7)
+                field = _STATIC[index - 1] if 0 < index <= _STATIC_COUNT else self._entry(index)
             elif first & 0x40:  # literal, added to the table
                 index, offset = _read_integer(block, offset, 6)
                 if index:
@@ -215,6 +219,11 @@ class BlockDecoder:
 
 _STATIC = tuple((n.decode(), v.decode()) for n, v in HeaderTable.STATIC_TABLE)
 _STATIC_COUNT = len(_STATIC)
+
+
+def _octets(text: str) -> int:
+    """Its length in UTF-8 (what a table entry's size counts), without encoding ASCII."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _read_integer(block: bytes, offset: int, prefix_bits: int) -> tuple[int, int]:
