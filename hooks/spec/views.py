@@ -16,7 +16,7 @@ import enum
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -44,6 +44,7 @@ INIT_CONTAINERS_ANNOTATION = "crihook.io/init-containers"
 SIDECAR_CONTAINERS_ANNOTATION = "crihook.io/sidecar-containers"
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+_NO_HUGEPAGES: Mapping[str, int] = MappingProxyType({})
 
 
 class QoSClass(enum.Enum):
@@ -269,7 +270,11 @@ def resources_view(
         cpu_period=linux.cpu_period or None,
         cpuset_cpus=linux.cpuset_cpus,
         cpuset_mems=linux.cpuset_mems,
-        hugepage_limits=MappingProxyType({h.page_size: h.limit for h in linux.hugepage_limits}),
+        hugepage_limits=(
+            MappingProxyType({h.page_size: h.limit for h in linux.hugepage_limits})
+            if linux.hugepage_limits
+            else _NO_HUGEPAGES
+        ),
     )
 
 
@@ -343,14 +348,21 @@ def container_view_updated(
     """`view`, made from `config` before hooks adjusted it, with its id set and the parts
     hooks changed decoded again: what container_view_from_config(container_id, pod, config)
     gives, without decoding what did not change. Hooks cannot change the rest of it."""
-    changes: dict[str, Any] = {"id": container_id}
-    if labels:
-        changes["labels"] = _ro(config.labels)
-    if annotations:
-        changes["annotations"] = _ro(config.annotations)
+    res = view.resources
     if resources:
         linux = config.linux.resources if config.linux.HasField("resources") else None
-        changes["resources"] = resources_view(linux, view.resources.qos_class)
-    if cdi_devices:
-        changes["cdi_devices"] = tuple(d.name for d in config.CDI_devices)
-    return replace(view, **changes)
+        res = resources_view(linux, res.qos_class)
+    # Built directly, not with dataclasses.replace (which looks every field up again): this
+    # runs for every CreateContainer the runtime answers.
+    return ContainerView(
+        id=container_id,
+        pod_id=view.pod_id,
+        name=view.name,
+        attempt=view.attempt,
+        image=view.image,
+        labels=_ro(config.labels) if labels else view.labels,
+        annotations=_ro(config.annotations) if annotations else view.annotations,
+        kind=view.kind,
+        resources=res,
+        cdi_devices=tuple(d.name for d in config.CDI_devices) if cdi_devices else view.cdi_devices,
+    )

@@ -342,6 +342,41 @@ def test_cdi_devices_are_in_the_view_in_order() -> None:
     assert updated.cdi_devices[-1] == "vendor.com/net=eth1"
 
 
+@pytest.mark.parametrize("changed", [False, True], ids=["nothing-changed", "all-changed"])
+def test_the_updated_view_is_the_view_of_the_adjusted_config(changed: bool) -> None:
+    # Every field, so a field added to ContainerView and not carried over fails here.
+    assert [f.name for f in dataclasses.fields(ContainerView)] == [
+        "id", "pod_id", "name", "attempt", "image", "labels", "annotations", "kind",
+        "resources", "cdi_devices",
+    ]  # fmt: skip
+    pod = pod_view_from_config("sb1", sandbox_config())
+    pod = dataclasses.replace(pod, annotations={"crihook.io/init-containers": "app"})
+    config = container_config()
+    config.image.image = "busybox"
+    config.metadata.attempt = 2
+    config.CDI_devices.add(name="nvidia.com/gpu=1")
+    config.linux.resources.hugepage_limits.add(page_size="2MB", limit=1 << 21)
+    before = container_view_from_config("", pod, config)
+    if changed:  # what hooks may change
+        config.labels["l"] = "1"
+        config.annotations["a"] = "1"
+        config.linux.resources.cpu_shares = 4096
+        config.linux.resources.hugepage_limits[0].limit = 1 << 22
+        config.CDI_devices.add(name="vendor.com/net=eth1")
+    updated = container_view_updated(
+        before,
+        "c1",
+        config,
+        labels=changed,
+        annotations=changed,
+        resources=changed,
+        cdi_devices=changed,
+    )
+    expected = container_view_from_config("c1", pod, config) if changed else before
+    assert updated == dataclasses.replace(expected, id="c1")
+    assert updated.kind is ContainerKind.INIT and updated.attempt == 2
+
+
 def test_guaranteed_whole_cpu_container_in_cgroupfs_pod_has_integer_cpus() -> None:
     # kubelet's cgroupfs driver: a Guaranteed pod sits at /kubepods/pod<uid with dashes>.
     pod = pod_view_from_config("sb1", sandbox_config(f"/kubepods/pod{UID}"))
