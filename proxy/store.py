@@ -76,7 +76,6 @@ __all__ = [
     "JournalFile",
     "PodRecord",
     "Store",
-    "append_line",
     "apply_journal",
     "journal_files",
     "read_journal",
@@ -368,15 +367,6 @@ class JournalFile:
             fd = os.open(path, flags, 0o666)
         self._fd, self._path = fd, path
         return fd
-
-
-def append_line(path: Path, data: bytes) -> None:
-    """One line appended as `JournalFile.append` does, the file closed again."""
-    journal = JournalFile()
-    try:
-        journal.append(path, data)
-    finally:
-        journal.close()
 
 
 class CallChanges:

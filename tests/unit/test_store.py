@@ -1120,15 +1120,22 @@ async def test_an_old_journal_left_by_a_crash_mid_checkpoint_changes_nothing(
 
 def test_a_short_write_on_a_full_disk_leaves_no_torn_line(disk: SmallDisk) -> None:
     path = disk.path / "journal-1.jsonl"
-    store_module.append_line(path, b'{"pin":{"set":{"a":1}}}\n')
-    disk.fill()  # the file's page still has room: the next write is cut short
-    with pytest.raises(OSError) as info:
-        store_module.append_line(path, b"x" * 20000 + b"\n")
-    assert info.value.errno == errno.ENOSPC
-    assert path.read_bytes() == b'{"pin":{"set":{"a":1}}}\n'
-    with pytest.raises(OSError):
-        store_module.append_line(disk.path / "journal-2.jsonl", b"y\n")
-    assert not (disk.path / "journal-2.jsonl").exists()  # no empty file left either
+    journal_file = store_module.JournalFile()
+    try:
+        journal_file.append(path, b'{"pin":{"set":{"a":1}}}\n')
+        disk.fill()  # the file's page still has room: the next write is cut short
+        with pytest.raises(OSError) as info:
+            journal_file.append(path, b"x" * 20000 + b"\n")
+        assert info.value.errno == errno.ENOSPC
+        assert path.read_bytes() == b'{"pin":{"set":{"a":1}}}\n'
+        with pytest.raises(OSError):
+            journal_file.append(disk.path / "journal-2.jsonl", b"y\n")
+        assert not (disk.path / "journal-2.jsonl").exists()  # no empty file left either
+        disk.free()
+        journal_file.append(path, b"z\n")  # the disk has room again: lines go on
+        assert path.read_bytes() == b'{"pin":{"set":{"a":1}}}\nz\n'
+    finally:
+        journal_file.close()
 
 
 async def test_a_state_dir_that_can_block_gets_its_lines_from_a_thread_in_order(
