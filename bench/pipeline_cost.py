@@ -5,18 +5,20 @@ sharing two cores:
     python -m bench.pipeline_cost [--scenario devices ...] [--calls 3000] [--reps 5]
 
 Each scenario is one of bench.run's that chains in-process hooks only (`CHOICES`: no
-plugins, sidecars or extra files), built from the same configuration and `--hooks` flag: the store in a temporary state directory (journal lines written ahead
-for real), the hooks synchronized on this machine's topology, and a runtime that answers at
-once with the same container id (as bench.run's fake runtime does). Every call is the
-bench's kubelet-shaped CreateContainerRequest with a container name of its own, decoded,
-run through the whole pipeline (views, hints, pre stage, write-ahead, merge, store, post
-stage) and answered. The loop yields after each call, so the store's checkpoints run as
-they do in crihook (their file writes happen in a worker thread, outside the figure).
+plugins, sidecars or extra files), built from the same configuration and `--hooks` flag:
+the store in a temporary state directory (journal lines written ahead for real), the hooks
+synchronized on this machine's topology, and a runtime that answers at once with the same
+container id (as bench.run's fake runtime does). Every call is the bench's kubelet-shaped
+CreateContainerRequest with a container name of its own, decoded, run through the whole
+pipeline (views, hints, pre stage, write-ahead, merge, store, post stage) and answered. The
+loop yields after each call, so the store's checkpoints run as they do in crihook (their
+file writes happen in a worker thread, outside the figure).
 
 A scenario's figure is the event loop's CPU (thread time) per call, the fastest of the reps,
 which are interleaved across scenarios; "added" is over hooks-none. bench.run's added p50
 for a chain is this figure times the cost of running among other processes (caches, context
-switches): 1.2 to 2 on this machine on 2026-11-30, as its state moved. Timing lives here, never in tests.
+switches): 1.2 to 2 on this machine on 2026-11-30, as its state moved. Timing lives here,
+never in tests.
 """
 
 from __future__ import annotations
