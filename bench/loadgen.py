@@ -233,6 +233,29 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def command(
+    target: str,
+    method: str,
+    payload: str,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+    *,
+    marker: str | None = None,
+    start: int = 0,
+) -> list[str]:
+    """The command line that runs this load generator (from the repository's root) with
+    these options; callers add what else they need (`--watch`, `--lifecycle`)."""
+    argv = [
+        sys.executable, "-m", "bench.loadgen", "--target", target, "--method", method,
+        "--payload", payload, "--concurrency", str(concurrency), "--warmup", str(warmup),
+        "--duration", str(duration),
+    ]  # fmt: skip
+    if marker:
+        argv += ["--unique-marker", marker, "--start-index", str(start)]
+    return argv
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="gRPC target, e.g. unix:///tmp/x.sock")

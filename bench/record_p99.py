@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench import loadgen
 from bench.procfs import descendants
 from bench.run import (
     METHODS,
@@ -80,14 +81,11 @@ def _idle_burner() -> Iterator[None]:
 def _load(
     crihook: Crihook, payload_file: Path, marker: str | None, seconds: float, start: int
 ) -> dict:
-    argv = [
-        sys.executable, "-m", "bench.loadgen", "--target", crihook.endpoint,
-        "--method", next(m for m in METHODS if m.name == "CreateContainer").path,
-        "--payload", str(payload_file), "--concurrency", "1", "--warmup", "0.5",
-        "--duration", str(seconds),
-    ]  # fmt: skip
-    if marker:  # new container names in every row, as bench.run gives each cell
-        argv += ["--unique-marker", marker, "--start-index", str(start)]
+    method = next(m for m in METHODS if m.name == "CreateContainer").path
+    # With a marker: new container names in every row, as bench.run gives each cell.
+    argv = loadgen.command(
+        crihook.endpoint, method, str(payload_file), 1, 0.5, seconds, marker=marker, start=start
+    )
     env = {**os.environ, "GRPC_EXPERIMENTS": TOOLS_GRPC_EXPERIMENTS}
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, env=env, check=True)
     result: dict = json.loads(done.stdout)["latency_us"]

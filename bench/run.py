@@ -39,7 +39,7 @@ from typing import IO, Any, Protocol
 
 import grpc
 
-from bench import payloads
+from bench import loadgen, payloads
 from bench.procfs import descendants, rss_bytes
 from crihook.api.cri.v1 import api_pb2
 
@@ -846,18 +846,16 @@ class Bench:
         method = self.methods[cell.method]
         payload = backend.payload(method)
         target = self.target(cell)
-        argv = [
-            sys.executable, "-m", "bench.loadgen",
-            "--target", target,
-            "--method", method.path,
-            "--payload", str(self._payload_files[(cell.backend, cell.method)]),
-            "--concurrency", str(cell.concurrency),
-            "--warmup", str(warmup),
-            "--duration", str(duration),
-        ]  # fmt: skip
-        if payload.marker:
-            argv += ["--unique-marker", payload.marker]
-            argv += ["--start-index", str(self._take_indices(1_000_000))]
+        argv = loadgen.command(
+            target,
+            method.path,
+            str(self._payload_files[(cell.backend, cell.method)]),
+            cell.concurrency,
+            warmup,
+            duration,
+            marker=payload.marker,
+            start=self._take_indices(1_000_000) if payload.marker else 0,
+        )
         if method is LIFECYCLE:
             argv += ["--lifecycle", "--min-count", str(LIFECYCLE_MIN_COUNT)]
         for pid in backend.pids():
