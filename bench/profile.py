@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench import loadgen
 from bench.procfs import CLK_TCK
 from bench.run import (
     METHODS,
@@ -170,14 +171,16 @@ def main(argv: list[str] | None = None) -> None:
             payload_file = workdir / "payload.bin"
             payload_file.write_bytes(payload.data)
             warmup = 2.0
-            loadgen_argv = [
-                sys.executable, "-m", "bench.loadgen", "--target", crihook.endpoint,
-                "--method", method.path, "--payload", str(payload_file),
-                "--concurrency", str(args.concurrency), "--warmup", str(warmup),
-                "--duration", str(args.duration + 1.0), "--watch", f"crihook={crihook.pid}",
-            ]  # fmt: skip
-            if payload.marker:
-                loadgen_argv += ["--unique-marker", payload.marker]
+            loadgen_argv = loadgen.command(
+                crihook.endpoint,
+                method.path,
+                str(payload_file),
+                args.concurrency,
+                warmup,
+                args.duration + 1.0,
+                marker=payload.marker,
+            )
+            loadgen_argv += ["--watch", f"crihook={crihook.pid}"]
             load = subprocess.Popen(
                 loadgen_argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
                 env={**os.environ, **tools_env},
