@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import threading
 import time
 from collections import Counter
@@ -599,4 +598,4 @@ def run_chaos(
         node.stop()
         direct.close()
         if not keep:
-            shutil.rmtree(node.plugin.dir, ignore_errors=True)
+            node.plugin.close()

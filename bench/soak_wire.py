@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import shutil
 import socket
 import struct
 import threading
@@ -331,6 +330,5 @@ def run_wire(
         return result
     finally:
         crihook.kill()
-        plugin.stop(sig=9)
-        shutil.rmtree(plugin.dir, ignore_errors=True)  # its socket's short dir, under /tmp
+        plugin.close(sig=9)
         runtime.stop()

@@ -4,6 +4,7 @@ the drop-in that plugs it into a crihook under test."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -51,6 +52,12 @@ class Plugin:
             self.proc.send_signal(sig)
             self.proc.wait(10)
         self.proc = None
+
+    def close(self, sig: int = 15) -> None:
+        """Stopped for good: its directory (socket, log) is removed too. Tests need not call
+        it (tests/lab/fixtures.py removes what a test made); runs outside pytest do."""
+        self.stop(sig)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def dropin(self, name: str, policy: str, timeout_ms: int = 1000, **more: object) -> str:
         lines = [
