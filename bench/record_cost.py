@@ -26,24 +26,20 @@ import io
 import pickle
 import tempfile
 import time
-import tomllib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.payloads import InstantRuntime, fake_create_container_request
-from bench.run import _annotate_hooks
+from bench.payloads import fake_create_container_request
+from bench.pipeline_cost import build
+from bench.run import SCENARIOS
 from crihook.hooks.spec import Event
-from crihook.proxy.chain import Chain
-from crihook.proxy.config import RecordSettings, settings_from_toml
-from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.config import RecordSettings
 from crihook.proxy.outcome import Outcome
-from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.record import Recorder
 from crihook.proxy.record_format import call_line, call_record, encode_line
 from crihook.proxy.record_worker import _Pickler
-from crihook.proxy.store import Store
 
 REPS = 9
 
@@ -54,15 +50,11 @@ async def _no_calls() -> AsyncIterator[None]:
 
 
 async def _pipeline(state_dir: Path) -> tuple[Pipeline, bytes]:
-    store = Store(state_dir)
-    store.load()
-    store.write_behind = lambda: None  # type: ignore[method-assign]  # no disk in the figure
-    settings = settings_from_toml(tomllib.loads(_annotate_hooks(4)))
-    chain = Chain(settings.chain, store.hook_state)
-    chain.set_builtin([Chain.entry(load_local_hook(h), h) for h in settings.chain.hooks])
-    readiness = Readiness()
-    readiness.set(True)
-    pipeline = Pipeline(InstantRuntime(), chain, store, readiness)
+    """The hooks-4 scenario's pipeline, as bench.pipeline_cost builds it, with no disk
+    writes behind the calls (none in the figure)."""
+    hooks_4 = next(s for s in SCENARIOS if s.name == "hooks-4")
+    pipeline, store = await build(hooks_4, state_dir)
+    store.write_behind = lambda: None  # type: ignore[method-assign]
     return pipeline, fake_create_container_request()  # (its pod: from its sandbox config)
 
 
