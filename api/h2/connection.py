@@ -58,7 +58,7 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = rang
 WINDOW_UPDATE, CONTINUATION = 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # SETTINGS parameters (§6.5.2).
-ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x2, 0x3
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 # Error codes (§7).
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
@@ -670,6 +670,8 @@ class Connection:
                 self._peer_max_frame = value
             elif key == MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
+            elif key == HEADER_TABLE_SIZE:
+                self._encoder.table_size(value)
         self._out.append(frame(SETTINGS, ACK, 0))
         if not self.settled:
             self.settled = True

@@ -4,13 +4,16 @@ Header blocks are most of what an HTTP/2 relay of small gRPC calls costs in Pyth
 `hpack` package spends ~10-30 µs per block here), and they repeat: the same response headers
 and `grpc-status: 0` trailers on every call.
 
-- `BlockEncoder` never adds to the peer's dynamic table (every field is an indexed static
-  entry or a literal "without indexing"), so a block depends only on its fields and
-  repeated blocks come from a cache. It opens with a table size update to 0, so whatever
-  table size the peer allows, ours is consistent. The blocks are a little larger; over a
-  unix socket that costs less than keeping a table. A field whose value is new on every
-  call (`grpc-timeout`: what is left of kubelet's deadline) is encoded afresh and its block
-  is not cached: cached, each would evict the blocks and fields that do repeat.
+- `BlockEncoder` adds to the peer's dynamic table only the fields that repeat call after
+  call (`:path`, `:authority`, `content-type`, `user-agent`, `te`, `grpc-status`, the
+  `grpc-*-encoding` fields), while they fit, and never evicts: once a connection is warm a
+  block is a few one-byte references, cheap for the peer to read (grpc's C core parses a
+  literal field afresh every time, and at saturation the peers share crihook's cores). With
+  no eviction an entry's index changes only when one is added, so a block that adds nothing
+  comes from a cache that each addition empties. Every other field is an indexed static
+  entry or a literal "without indexing". A field whose value is new on every call
+  (`grpc-timeout`: what is left of kubelet's deadline) is encoded afresh and its block is not
+  cached: cached, each would evict the blocks and fields that do repeat.
 - `BlockDecoder` is a plain decoder (the `hpack` package's Huffman table, our own loop,
   without its per-field logging and bytes/str round trips) plus a cache of the blocks that
   did not change the dynamic table, valid while the table stays as it was (a generation
@@ -69,43 +72,114 @@ def _field(name: str, value: str) -> bytes:
     return b"\x00" + _string(name) + _string(value)
 
 
+_INDEXED_NAMES = frozenset(
+    {
+        ":authority",
+        ":path",
+        "content-type",
+        "grpc-accept-encoding",
+        "grpc-encoding",
+        "grpc-status",
+        "te",
+        "user-agent",
+    }
+)
+"""Names whose fields go into the peer's dynamic table: their values repeat across calls."""
+TABLE_LIMIT = 4096
+"""The most of the peer's dynamic table the encoder uses, whatever the peer allows."""
+
+
 class BlockEncoder:
-    __slots__ = ("_cache", "_fields", "_started")
+    """Encodes header blocks for one connection; blocks must reach the peer in the order they
+    were encoded (the dynamic table changes with them)."""
+
+    __slots__ = ("_cache", "_capacity", "_fields", "_lowest", "_table", "_used")
 
     def __init__(self) -> None:
         self._cache: dict[tuple[tuple[str, str], ...], bytes] = {}
-        self._fields: dict[tuple[str, str], bytes] = {}
-        self._started = False
+        self._fields: dict[tuple[str, str], bytes] = {}  # parts that do not use the table
+        self._table: dict[tuple[str, str], int] = {}  # field → its number, in order added
+        self._used = 0  # the table's size (RFC 7541 §4.1)
+        self._capacity = TABLE_LIMIT  # the peer's default SETTINGS_HEADER_TABLE_SIZE
+        self._lowest: int | None = None  # the smallest size since the last block, if changed
+
+    def table_size(self, size: int) -> None:
+        """The peer's SETTINGS_HEADER_TABLE_SIZE: the table is kept within it, and the next
+        block starts with the size updates the peer's decoder expects (§4.2: the smallest
+        size since the last block, then the final one)."""
+        capacity = min(size, TABLE_LIMIT)
+        if capacity == self._capacity:
+            return
+        if capacity < self._used:  # emptied rather than evicted: indices stay simple
+            self._table.clear()
+            self._used = 0
+            self._cache.clear()
+            self._lowest = 0
+        elif self._lowest is None or capacity < self._lowest:
+            self._lowest = capacity
+        self._capacity = capacity
 
     def encode(self, headers: list[tuple[str, str]]) -> bytes:
         key = tuple(headers)
         block = self._cache.get(key)
         if block is None:
-            fields = self._fields
-            if len(fields) >= _CACHE_LIMIT:
-                fields.clear()
-            parts = []
-            volatile = False
-            for field in headers:
-                part = fields.get(field)
-                if part is None:
-                    name, value = field
-                    prefix = _VOLATILE.get(name)
-                    if prefix is not None:
-                        volatile = True
-                        parts.append(prefix + _string(value))
-                        continue
-                    part = fields[field] = _field(name, value)
-                parts.append(part)
-            block = b"".join(parts)
-            if not volatile:
+            block, stable = self._build(headers)
+            if stable:
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
                 self._cache[key] = block
-        if not self._started:
-            self._started = True
-            return b"\x20" + block  # dynamic table size update: 0
+        lowest = self._lowest
+        if lowest is not None:
+            self._lowest = None
+            update = _integer(lowest, 5, 0x20)
+            if self._capacity != lowest:
+                update += _integer(self._capacity, 5, 0x20)
+            return update + block
         return block
+
+    def _build(self, headers: list[tuple[str, str]]) -> tuple[bytes, bool]:
+        """The block, and whether it may be sent again as it is (it adds nothing to the
+        table, and has no volatile field)."""
+        table, fields = self._table, self._fields
+        if len(fields) >= _CACHE_LIMIT:
+            fields.clear()
+        parts = []
+        stable = True
+        added = False
+        for field in headers:
+            number = table.get(field)
+            if number is not None:  # the newest entry is index 62 (§2.3.3)
+                parts.append(_integer(_STATIC_COUNT + len(table) - number, 7, 0x80))
+                continue
+            part = fields.get(field)
+            if part is None:
+                name, value = field
+                prefix = _VOLATILE.get(name)
+                if prefix is not None:
+                    stable = False
+                    parts.append(prefix + _string(value))
+                    continue
+                if name in _INDEXED_NAMES and field not in _STATIC_EXACT:
+                    size = 32 + _octets(name) + _octets(value)
+                    if size <= self._capacity - self._used:
+                        parts.append(_indexed_literal(name, value))
+                        table[field] = len(table)
+                        self._used += size
+                        added = True
+                        continue
+                part = fields[field] = _field(name, value)
+            parts.append(part)
+        if added:  # every entry's index moved: no cached block is right any more
+            self._cache.clear()
+            stable = False
+        return b"".join(parts), stable
+
+
+def _indexed_literal(name: str, value: str) -> bytes:
+    """A literal field added to the table (§6.2.1)."""
+    index = _STATIC_NAME.get(name)
+    head = _integer(index, 6, 0x40) if index is not None else b"\x40" + _string(name)
+    return head + _string(value)
 
 
 class BlockDecoder:

@@ -7,6 +7,9 @@ import struct
 
 import hpack
 import pytest
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from crihook.api.h2 import connection as h2c
 from crihook.api.h2.connection import (
@@ -53,7 +56,7 @@ def parse(data: bytes) -> list[tuple[int, int, int, bytes]]:
 
 
 def settings(**values: int) -> bytes:
-    ids = {"window": 0x4, "max_frame": 0x5, "max_streams": 0x3}
+    ids = {"table": 0x1, "window": 0x4, "max_frame": 0x5, "max_streams": 0x3}
     return frame(4, 0, 0, b"".join(struct.pack(">HL", ids[k], v) for k, v in values.items()))
 
 
@@ -342,27 +345,122 @@ def test_the_decoder_reads_what_hpack_writes_and_caches_only_stable_blocks(huffm
     assert decoder.decode(encoder.encode([("a", "b")])) == [("a", "b")]
 
 
-def test_the_encoder_is_stateless_and_hpack_reads_it() -> None:
+def test_the_encoder_indexes_the_fields_that_repeat_and_hpack_reads_every_block() -> None:
     encoder = BlockEncoder()
     decoder = hpack.Decoder()
-    pairs = [*REQUEST, ("x-long", "z" * 300), ("grpc-status", "0")]
+    pairs = [
+        *REQUEST,
+        ("user-agent", "grpc-go/1.59.0"),
+        ("x-long", "z" * 300),
+        ("grpc-status", "0"),
+    ]
     first, second = encoder.encode(pairs), encoder.encode(pairs)
-    assert first[:1] == b"\x20" and second == first[1:]  # a table size of 0, then no table
     assert decoder.decode(first, raw=False) == pairs
     assert decoder.decode(second, raw=False) == pairs
-    assert len(decoder.header_table.dynamic_entries) == 0
+    table = {(n.decode(), v.decode()) for n, v in decoder.header_table.dynamic_entries}
+    assert table == {  # :method and :scheme are static entries; x-long's value is not kept
+        (":path", REQUEST[2][1]),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("user-agent", "grpc-go/1.59.0"),
+        ("grpc-status", "0"),
+    }
+    literal = len(b"\x00\x06x-long\x7f\xad\x01") + 300  # new name, 300 in a 7-bit prefix
+    assert len(second) == len(pairs) - 1 + literal  # one byte per field but x-long's
+    assert encoder.encode(pairs) is second  # a block that adds nothing is cached
+
+
+def test_the_encoder_fills_the_table_without_evicting_then_sends_literals() -> None:
+    encoder = BlockEncoder()
+    decoder = hpack.Decoder()
+    paths = [[*REQUEST[:2], (":path", f"/svc/Method{i:04d}")] for i in range(200)]
+    for pairs in paths * 2:
+        assert decoder.decode(encoder.encode(pairs), raw=False) == pairs
+    entries = decoder.header_table.dynamic_entries
+    assert len(entries) == 4096 // (32 + len(":path") + len("/svc/Method0000"))
+    assert entries[-1] == (b":path", b"/svc/Method0000")  # the oldest is still there
+    last = encoder.encode(paths[-1])  # past the table: a literal, the same every time
+    assert b"/svc/Method0199" in last and encoder.encode(paths[-1]) is last
+
+
+@pytest.mark.parametrize("size", [0, 100, 8192])
+def test_the_encoder_follows_the_peers_table_size(size: int) -> None:
+    encoder = BlockEncoder()
+    decoder = hpack.Decoder()
+    pairs = [*REQUEST, ("user-agent", "u" * 40)]
+    assert decoder.decode(encoder.encode(pairs), raw=False) == pairs
+    decoder.max_allowed_table_size = size  # what the peer's SETTINGS_HEADER_TABLE_SIZE says
+    encoder.table_size(size)
+    for _ in range(3):  # hpack checks at each block's end that the table fits the limit
+        assert decoder.decode(encoder.encode(pairs), raw=False) == pairs
+    entries = decoder.header_table.dynamic_entries
+    assert sum(32 + len(n) + len(v) for n, v in entries) <= min(size, 4096)
+    if size < 4096:
+        assert encoder.encode(pairs)[:1] != b"\x20"  # the update went out once, first
+
+
+@examples(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(
+                st.tuples(
+                    st.sampled_from([":path", ":authority", "user-agent", "grpc-status", "x-m"]),
+                    st.text(alphabet="abé/", max_size=40),
+                ),
+                max_size=6,
+            ),
+            st.integers(min_value=0, max_value=5000),  # a SETTINGS_HEADER_TABLE_SIZE
+        ),
+        max_size=40,
+    )
+)
+def test_every_block_decodes_to_its_fields_whatever_the_table_went_through(
+    steps: list[list[tuple[str, str]] | int],
+) -> None:
+    encoder = BlockEncoder()
+    reference = hpack.Decoder()
+    ours = BlockDecoder(1 << 20)
+    for step in steps:
+        if isinstance(step, int):
+            reference.max_allowed_table_size = step
+            encoder.table_size(step)
+            continue
+        block = encoder.encode(step)
+        assert reference.decode(block, raw=False) == step
+        assert ours.decode(block) == step
 
 
 def test_a_new_timeout_on_every_call_neither_fills_nor_evicts_the_encoders_caches() -> None:
     encoder = BlockEncoder()
     decoder = hpack.Decoder()
-    encoder.encode(REQUEST)  # the table size update goes out first
+    decoder.decode(encoder.encode(REQUEST), raw=False)  # the table's entries go out first
     cached = encoder.encode(REQUEST)
     for micros in range(100_000, 100_000 + 3 * 512):
         pairs = [*REQUEST[:2], ("grpc-timeout", f"{micros}u"), *REQUEST[2:]]
         assert decoder.decode(encoder.encode(pairs), raw=False) == pairs
-    assert len(encoder._cache) == 1 and len(encoder._fields) == len(REQUEST)
+    assert len(encoder._cache) == 1 and len(encoder._fields) == 2  # :method and :scheme
+    assert len(decoder.header_table.dynamic_entries) == 4  # no timeout was added
     assert encoder.encode(REQUEST) is cached
+
+
+def test_the_peers_table_size_setting_reaches_the_next_header_block() -> None:
+    conn = client()
+    decoder = hpack.Decoder()
+    blocks = []
+    for table in (None, 0, None):
+        if table is not None:
+            conn.receive(settings(table=table))
+            decoder.max_allowed_table_size = table
+        stream = conn.open_stream()
+        conn.send_headers(stream, REQUEST, True)
+        (_, _, _, block), *_ = [f for f in parse(conn.data_to_send()) if f[0] == 1]
+        assert decoder.decode(block, raw=False) == REQUEST
+        blocks.append(block)
+    assert blocks[0][:1] != b"\x20" and len(decoder.header_table.dynamic_entries) == 0
+    assert blocks[1][:1] == b"\x20"  # a table size update first: the table emptied
+    assert blocks[2] == blocks[1][1:]  # then no table: the same block, cached
 
 
 def test_the_decoder_refuses_bad_indexes_and_oversized_lists() -> None:
