@@ -97,7 +97,7 @@ class BlockEncoder:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[tuple[str, str], ...], bytes] = {}
-        self._fields: dict[tuple[str, str], bytes] = {}  # parts that do not use the table
+        self._fields: dict[tuple[str, str], bytes] = {}  # how each field goes, for this table
         self._table: dict[tuple[str, str], int] = {}  # field → its number, in order added
         self._used = 0  # the table's size (RFC 7541 §4.1)
         self._capacity = TABLE_LIMIT  # the peer's default SETTINGS_HEADER_TABLE_SIZE
@@ -114,6 +114,7 @@ class BlockEncoder:
             self._table.clear()
             self._used = 0
             self._cache.clear()
+            self._fields.clear()
             self._lowest = 0
         elif self._lowest is None or capacity < self._lowest:
             self._lowest = capacity
@@ -140,17 +141,12 @@ class BlockEncoder:
     def _build(self, headers: list[tuple[str, str]]) -> tuple[bytes, bool]:
         """The block, and whether it may be sent again as it is (it adds nothing to the
         table, and has no volatile field)."""
-        table, fields = self._table, self._fields
+        fields = self._fields
         if len(fields) >= _CACHE_LIMIT:
             fields.clear()
         parts = []
         stable = True
-        added = False
         for field in headers:
-            number = table.get(field)
-            if number is not None:  # the newest entry is index 62 (§2.3.3)
-                parts.append(_integer(_STATIC_COUNT + len(table) - number, 7, 0x80))
-                continue
             part = fields.get(field)
             if part is None:
                 name, value = field
@@ -159,20 +155,32 @@ class BlockEncoder:
                     stable = False
                     parts.append(prefix + _string(value))
                     continue
-                if name in _INDEXED_NAMES and field not in _STATIC_EXACT:
-                    size = 32 + _octets(name) + _octets(value)
-                    if size <= self._capacity - self._used:
-                        parts.append(_indexed_literal(name, value))
-                        table[field] = len(table)
-                        self._used += size
-                        added = True
-                        continue
-                part = fields[field] = _field(name, value)
+                part = self._part(field)
+                if part is None:  # added to the table: every entry's index moved
+                    parts.append(_indexed_literal(name, value))
+                    fields.clear()
+                    self._cache.clear()
+                    stable = False
+                    continue
+                fields[field] = part
             parts.append(part)
-        if added:  # every entry's index moved: no cached block is right any more
-            self._cache.clear()
-            stable = False
         return b"".join(parts), stable
+
+    def _part(self, field: tuple[str, str]) -> bytes | None:
+        """How `field` is sent while the table stays as it is; None once it was added to it
+        (sent as a literal with indexing, this once)."""
+        table = self._table
+        number = table.get(field)
+        if number is not None:  # the newest entry is index 62 (§2.3.3)
+            return _integer(_STATIC_COUNT + len(table) - number, 7, 0x80)
+        name, value = field
+        if name in _INDEXED_NAMES and field not in _STATIC_EXACT:
+            size = 32 + _octets(name) + _octets(value)
+            if size <= self._capacity - self._used:
+                table[field] = len(table)
+                self._used += size
+                return None
+        return _field(name, value)
 
 
 def _indexed_literal(name: str, value: str) -> bytes:
