@@ -458,8 +458,9 @@ def test_the_peers_table_size_setting_reaches_the_next_header_block() -> None:
         (_, _, _, block), *_ = [f for f in parse(conn.data_to_send()) if f[0] == 1]
         assert decoder.decode(block, raw=False) == REQUEST
         blocks.append(block)
-    assert blocks[0][:1] != b"\x20" and len(decoder.header_table.dynamic_entries) == 0
+    assert blocks[0][:1] != b"\x20"  # the peer's default table: no update at first
     assert blocks[1][:1] == b"\x20"  # a table size update first: the table emptied
+    assert len(decoder.header_table.dynamic_entries) == 0  # and nothing added since
     assert blocks[2] == blocks[1][1:]  # then no table: the same block, cached
 
 
