@@ -328,7 +328,9 @@ class JournalFile:
         as it was: a short write on a full disk is cut off again, so no torn line stays
         between two whole ones."""
         fd = self._fd
-        if fd is None or self._path != path:
+        # The store hands the same Path object for a whole generation: identity first
+        # (pathlib's == builds both paths' parts on every line).
+        if fd is None or (path is not self._path and path != self._path):
             fd = self._open(path)
         try:
             st = os.fstat(fd)

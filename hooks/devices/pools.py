@@ -64,10 +64,14 @@ holding from the runtime when it stopped before it recorded it."""
 
 
 def assigned_value(devices: Mapping[str, Sequence[str]]) -> str:
-    return _compact({p: list(ids) for p, ids in devices.items()})
+    """ASSIGNED's value: the JSON `json.dumps(devices, separators=(",", ":"))` writes, built
+    directly (every create that gets pooled devices makes one; the encoder's Python layer
+    was most of its cost)."""
+    pools = ",".join(f"{_quote(p)}:[{','.join(map(_quote, ids))}]" for p, ids in devices.items())
+    return f"{{{pools}}}"
 
 
-_compact = json.JSONEncoder(separators=(",", ":")).encode  # made once, not per call
+_quote = json.encoder.encode_basestring_ascii  # a JSON string, as json.dumps writes it
 
 
 def parse_assigned(value: str) -> dict[str, tuple[str, ...]]:
