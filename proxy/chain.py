@@ -562,7 +562,7 @@ class Chain:
                     entry.name, f"returned {type(answer).__name__}, not an Adjustment"
                 )
             merger.validate(entry.name, answer, post)
-            denied = list(entry.permissions.denied(answer))
+            denied = entry.permissions.denied(answer)
             if denied:
                 entry.counters["not_permitted"] += 1
                 merger.refused.append({"hook": entry.name, "fields": denied})
