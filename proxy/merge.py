@@ -91,12 +91,15 @@ def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
 
 def jsonable(value: Any) -> Any:
     """An adjustment's value as the audit stores it."""
+    kind = type(value)
+    if kind is str or kind is int:  # most values: shown as they are, found at once
+        return value
     if value is REMOVE:
         return "<removed>"
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     if isinstance(value, Device | Mount):
-        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+        return vars(value).copy()  # its fields in their order: the dataclass __init__ set them
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -754,6 +755,37 @@ def test_owners_and_values_name_each_field() -> None:
         "<removed>",
         {"container_path": "/dev/x", "host_path": "/dev/y", "permissions": "r"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("2-3", "2-3"),
+        (-1, -1),
+        (True, True),
+        (b"\xffok", "\ufffdok"),
+        (REMOVE, "<removed>"),
+        (
+            Device("/dev/x", "/dev/y", "r"),
+            {"container_path": "/dev/x", "host_path": "/dev/y", "permissions": "r"},
+        ),
+    ],
+    ids=["str", "int", "bool", "bytes-not-utf8", "remove", "device"],
+)
+def test_jsonable_shows_each_kind_of_value(value: Any, shown: Any) -> None:
+    assert jsonable(value) == shown
+    assert type(jsonable(value)) is type(shown)
+
+
+def test_jsonable_shows_a_mount_or_device_field_by_field_in_declared_order() -> None:
+    # Recordings and the audit are JSON: the keys' order is part of the bytes written.
+    mount = Mount("/m", "/h", readonly=True, propagation="rslave")
+    assert list(jsonable(mount).items()) == [
+        (f.name, getattr(mount, f.name)) for f in fields(Mount)
+    ]
+    device = Device("/d", "/h")
+    assert list(jsonable(device)) == [f.name for f in fields(Device)]
+    assert jsonable(device) is not jsonable(device)  # a copy: the audit may change its own
 
 
 def test_owner_after_precedence_override_is_the_winner() -> None:
