@@ -89,6 +89,9 @@ def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
     return [PendingUpdate(hook, u, next(_ORDER)) for u in updates]
 
 
+_DATACLASS_VALUES = (Device, Mount)  # a tuple: `Device | Mount` is built on every use
+
+
 def jsonable(value: Any) -> Any:
     """An adjustment's value as the audit stores it."""
     kind = type(value)
@@ -98,7 +101,7 @@ def jsonable(value: Any) -> Any:
         return "<removed>"
     if isinstance(value, bytes):
         return value.decode(errors="replace")
-    if isinstance(value, Device | Mount):
+    if isinstance(value, _DATACLASS_VALUES):
         return vars(value).copy()  # its fields in their order: the dataclass __init__ set them
     return value
 
