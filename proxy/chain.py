@@ -206,7 +206,8 @@ def required_hooks(settings: ChainSettings, pod: PodView) -> tuple[frozenset[str
 def is_exempt(settings: ChainSettings, pod: PodView) -> bool:
     if pod.namespace in settings.exempt_namespaces:
         return True
-    return any(pod.labels.get(k) == v for k, v in settings.exempt_labels.items())
+    labels = settings.exempt_labels  # usually none: asked twice per call, no generator then
+    return bool(labels) and any(pod.labels.get(k) == v for k, v in labels.items())
 
 
 def _order(entry: ChainEntry) -> tuple[int, str]:
@@ -258,7 +259,11 @@ class Chain:
         log.info("hook chain: %s", ", ".join(e.name for e in merged) or "(empty)")
 
     def wants(self, event: Event, stage: Stage, exempt: bool = False) -> bool:
-        return any(e.wants(event, stage, exempt) for e in self.entries)
+        # Asked for several stages of every call: a loop costs a third of any(generator).
+        for entry in self.entries:  # noqa: SIM110
+            if entry.wants(event, stage, exempt):
+                return True
+        return False
 
     def permitted_updates(
         self, hook: str, updates: Sequence[ContainerUpdate]
@@ -562,7 +567,7 @@ class Chain:
                     entry.name, f"returned {type(answer).__name__}, not an Adjustment"
                 )
             merger.validate(entry.name, answer, post)
-            denied = list(entry.permissions.denied(answer))
+            denied = entry.permissions.denied(answer)
             if denied:
                 entry.counters["not_permitted"] += 1
                 merger.refused.append({"hook": entry.name, "fields": denied})

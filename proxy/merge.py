@@ -89,14 +89,20 @@ def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
     return [PendingUpdate(hook, u, next(_ORDER)) for u in updates]
 
 
+_DATACLASS_VALUES = (Device, Mount)  # a tuple: `Device | Mount` is built on every use
+
+
 def jsonable(value: Any) -> Any:
     """An adjustment's value as the audit stores it."""
+    kind = type(value)
+    if kind is str or kind is int:  # most values: shown as they are, found at once
+        return value
     if value is REMOVE:
         return "<removed>"
     if isinstance(value, bytes):
         return value.decode(errors="replace")
-    if isinstance(value, Device | Mount):
-        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    if isinstance(value, _DATACLASS_VALUES):
+        return vars(value).copy()  # its fields in their order: the dataclass __init__ set them
     return value
 
 
@@ -139,7 +145,7 @@ class Merger:
         self.event = event
         self.request = request
         self._conflict = conflict
-        self._rank = {name: i for i, name in enumerate(precedence)}
+        self._rank = {name: i for i, name in enumerate(precedence)} if precedence else {}
         self.owners: dict[FieldKey, str] = {}
         self.values: dict[FieldKey, Any] = {}
         self.updates: list[PendingUpdate] = []
@@ -150,6 +156,8 @@ class Merger:
         self.refused_answers: dict[str, Adjustment] = {}
         """Hook → the adjustment the chain refused (invalid, not permitted), for the trace:
         a recording keeps what the hook asked, so a replay can ask it again."""
+        self._parts: dict[str, Any] = {}
+        """The parts of the request this call's hooks changed (`_part`), kept: found once."""
 
     @property
     def changed(self) -> bool:
@@ -170,18 +178,39 @@ class Merger:
 
         Conflicts are checked for every field first, so a conflicting adjustment changes
         nothing (never half-applied)."""
-        winners: list[tuple[FieldKey, Any]] = []
-        for key, value in adjustment.change_items():
+        owners, values = self.owners, self.values
+        changes: Iterable[tuple[FieldKey, Any]] = adjustment.change_items()
+        if owners:  # the first adjustment of a call cannot conflict: nothing to check
+            changes = self._winners(hook, base_name, changes)
+        for key, value in changes:
+            self._apply(key, value)
+            owners[key] = hook
+            values[key] = value
+        updates = adjustment.updates
+        if updates:
+            self.updates.extend(stamp(hook, updates))
+
+    def _winners(
+        self, hook: str, base_name: str, changes: Iterable[tuple[FieldKey, Any]]
+    ) -> list[tuple[FieldKey, Any]]:
+        """The changes `hook` wins (a field another hook owns and keeps is left out);
+        HookConflict for the first it may not make."""
+        winners = []
+        for key, value in changes:
             owner = self.owners.get(key)
             if owner is None or owner == hook or self._wins(base_name, owner):
                 winners.append((key, value))
             elif self._conflict != "precedence" or not self._ranked(owner):
                 raise HookConflict(describe_key(key), owner, hook)
-        for key, value in winners:
-            apply_change(self.event, self.request, key, value)
-            self.owners[key] = hook
-            self.values[key] = value
-        self.updates.extend(stamp(hook, adjustment.updates))
+        return winners
+
+    def _apply(self, key: FieldKey, value: Any) -> None:
+        field = key[0]
+        name = _PARTS[field]
+        part = self._parts.get(name)
+        if part is None:
+            part = self._parts[name] = _part(self.event, self.request, name)
+        _WRITERS[field](part, key[1], value)
 
     def _ranked(self, hook: str) -> bool:
         return _base(hook) in self._rank
@@ -198,6 +227,14 @@ def _base(hook: str) -> str:
 
 
 # --- applying one change to a CRI request ------------------------------------------------
+#
+# A change is written into one part of the request (a map, a message or a keyed list): the
+# part is found with `_part` and written with the field's `_WRITERS` function. A Merger keeps
+# each part it found for the rest of its call: finding one walks down several messages, each
+# step a protobuf object made.
+
+_Writer = Callable[[Any, str, Any], None]
+"""Writes (key, value) into the part of the request a field lives in."""
 
 
 def _resources(event: Event, request: Any) -> Any:
@@ -214,47 +251,36 @@ def _maps(event: Event, request: Any, field: Field) -> Any:
     return request.config.labels if field is Field.LABEL else request.config.annotations
 
 
-_SCALAR_RESOURCES = {
-    Field.CPUSET_CPUS: "cpuset_cpus",
-    Field.CPUSET_MEMS: "cpuset_mems",
-    Field.CPU_SHARES: "cpu_shares",
-    Field.CPU_QUOTA: "cpu_quota",
-    Field.CPU_PERIOD: "cpu_period",
-    Field.MEMORY_LIMIT: "memory_limit_in_bytes",
-    Field.MEMORY_SWAP_LIMIT: "memory_swap_limit_in_bytes",
-    Field.OOM_SCORE_ADJ: "oom_score_adj",
-}
+def _part(event: Event, request: Any, part: str) -> Any:
+    """The part of the request named `part` (a `_PARTS` value)."""
+    if part in _LISTS:
+        return _Entries(getattr(request.config, part), _LISTS[part])
+    if part == "labels" or part == "annotations":
+        return _maps(event, request, Field.LABEL if part == "labels" else Field.ANNOTATION)
+    if part == "linux":
+        return request.config.linux
+    resources = _resources(event, request)
+    return resources.unified if part == "unified" else resources
 
 
 def apply_change(event: Event, request: Any, key: FieldKey, value: Any) -> None:
     """Write one field into the request (a protobuf message, changed in place)."""
     field, name = key
-    keyed = _KEYED.get(field)
-    if keyed is not None:  # devices, mounts, CDI devices: the most common on CreateContainer
-        repeated, attr, fields = keyed
-        _replace_keyed(getattr(request.config, repeated), attr, name, value, fields)
-    elif field is Field.ENV:
-        _set_env(request.config.envs, name, value)
-    elif field is Field.LABEL or field is Field.ANNOTATION:
-        target = _maps(event, request, field)
-        if value is REMOVE:
-            target.pop(name, None)
-        else:
-            target[name] = value
-    elif field is Field.CGROUP_PARENT:
-        request.config.linux.cgroup_parent = value
-    elif field in _SCALAR_RESOURCES:
-        setattr(_resources(event, request), _SCALAR_RESOURCES[field], value)
-    elif field is Field.HUGEPAGE_LIMIT:
-        _set_hugepage(_resources(event, request), name, value)
-    elif field is Field.UNIFIED:
-        unified = _resources(event, request).unified
-        if value is REMOVE:
-            unified.pop(name, None)
-        else:
-            unified[name] = value
-    else:  # pragma: no cover - every Field is handled above
-        raise AssertionError(f"unhandled field {field}")
+    _WRITERS[field](_part(event, request, _PARTS[field]), name, value)
+
+
+def _set_map(target: Any, name: str, value: Any) -> None:
+    if value is REMOVE:
+        target.pop(name, None)
+    else:
+        target[name] = value
+
+
+def _setter(attr: str) -> _Writer:
+    def write(target: Any, _name: str, value: Any) -> None:
+        setattr(target, attr, value)
+
+    return write
 
 
 def _set_hugepage(resources: Any, page_size: str, limit: int) -> None:
@@ -265,23 +291,67 @@ def _set_hugepage(resources: Any, page_size: str, limit: int) -> None:
     resources.hugepage_limits.add(page_size=page_size, limit=limit)
 
 
-def _replace_keyed(
-    items: Any, attr: str, key: str, value: Any, fields: Callable[[Any], dict[str, Any]]
-) -> None:
-    """Replace the entry with this key in place (order kept), append it, or remove it."""
-    index = None
-    for i, item in enumerate(items):
-        if getattr(item, attr) == key:
-            index = i
-            break
-    if value is REMOVE:
-        if index is not None:
-            del items[index]
+class _Entries:
+    """One of ContainerConfig's keyed lists (devices, mounts, env, CDI devices) with its
+    entries' keys beside it, in the same order. Reading a key costs a protobuf object per
+    entry: a Merger reads them once, when its call first changes the list, and every write
+    changes both lists alike, so a call's changes do not scan the list once each."""
+
+    __slots__ = ("items", "key_attr", "keys")
+
+    def __init__(self, items: Any, key_attr: str) -> None:
+        self.items = items
+        self.key_attr = key_attr
+        # kubelet often sends no devices: even an empty list costs a comprehension its frame
+        self.keys: list[str] = [getattr(item, key_attr) for item in items] if items else []
+
+    def append(self, fields: dict[str, Any]) -> None:
+        self.items.add(**fields)  # made in place: no message built and copied in
+        self.keys.append(fields[self.key_attr])
+
+    def replace(self, position: int, fields: dict[str, Any]) -> None:
+        item = self.items[position]
+        item.CopyFrom(type(item)(**fields))
+        self.keys[position] = fields[self.key_attr]  # set_raw may key it by another path
+
+    def delete(self, position: int) -> None:
+        del self.items[position]
+        del self.keys[position]
+
+
+def _keyed_writer(fields: Callable[[Any], dict[str, Any]]) -> _Writer:
+    """A device's, mount's or CDI device's writer: replace the first entry with this key in
+    place (order kept), append it, or remove it."""
+
+    def write(entries: _Entries, key: str, value: Any) -> None:
+        keys = entries.keys
+        position = keys.index(key) if key in keys else None
+        if value is REMOVE:
+            if position is not None:
+                entries.delete(position)
+        elif position is None:
+            entries.append(fields(value))
+        else:
+            entries.replace(position, fields(value))
+
+    return write
+
+
+def _set_env(entries: _Entries, name: str, value: Any) -> None:
+    """Env is an ordered list that may repeat a name: a set rewrites every occurrence in
+    place (the order kubelet sent is kept), or appends; a remove drops every occurrence."""
+    keys = entries.keys
+    if name not in keys:
+        if value is not REMOVE:
+            entries.append({"key": name, "value": value})
         return
-    if index is None:
-        items.add(**fields(value))  # made in place: no message built and copied in
+    at = [i for i, key in enumerate(keys) if key == name]
+    if value is REMOVE:
+        for position in reversed(at):
+            entries.delete(position)
     else:
-        items[index].CopyFrom(type(items[index])(**fields(value)))
+        for position in at:
+            entries.items[position].value = value
 
 
 def _device_fields(device: Device) -> dict[str, Any]:
@@ -306,27 +376,48 @@ def _cdi_fields(name: str) -> dict[str, Any]:
     return {"name": name}
 
 
-_KEYED: dict[Field, tuple[str, str, Callable[[Any], dict[str, Any]]]] = {
-    Field.DEVICE: ("devices", "container_path", _device_fields),
-    Field.MOUNT: ("mounts", "container_path", _mount_fields),
-    Field.CDI_DEVICE: ("CDI_devices", "name", _cdi_fields),
+_SCALAR_RESOURCES = {
+    Field.CPUSET_CPUS: "cpuset_cpus",
+    Field.CPUSET_MEMS: "cpuset_mems",
+    Field.CPU_SHARES: "cpu_shares",
+    Field.CPU_QUOTA: "cpu_quota",
+    Field.CPU_PERIOD: "cpu_period",
+    Field.MEMORY_LIMIT: "memory_limit_in_bytes",
+    Field.MEMORY_SWAP_LIMIT: "memory_swap_limit_in_bytes",
+    Field.OOM_SCORE_ADJ: "oom_score_adj",
 }
-"""ContainerConfig's repeated fields whose entries are keyed: the field, the entry's key
-field, and the entry's fields from an adjustment's value."""
 
+_LISTS = {
+    "devices": "container_path",
+    "mounts": "container_path",
+    "CDI_devices": "name",
+    "envs": "key",
+}
+"""ContainerConfig's keyed lists, and the field that keys their entries."""
 
-def _set_env(envs: Any, name: str, value: Any) -> None:
-    """Env is an ordered list that may repeat a name: a set rewrites every occurrence in
-    place (the order kubelet sent is kept), or appends; a remove drops every occurrence."""
-    if value is REMOVE:
-        keep = [kv for kv in envs if kv.key != name]
-        del envs[:]
-        envs.extend(keep)
-        return
-    found = False
-    for kv in envs:
-        if kv.key == name:
-            kv.value = value
-            found = True
-    if not found:
-        envs.add(key=name, value=value)
+_PARTS: dict[Field, str] = {
+    Field.LABEL: "labels",
+    Field.ANNOTATION: "annotations",
+    Field.CGROUP_PARENT: "linux",
+    **dict.fromkeys(_SCALAR_RESOURCES, "resources"),
+    Field.HUGEPAGE_LIMIT: "resources",
+    Field.UNIFIED: "unified",
+    Field.DEVICE: "devices",
+    Field.MOUNT: "mounts",
+    Field.CDI_DEVICE: "CDI_devices",
+    Field.ENV: "envs",
+}
+"""The part of the request each field is written into (see `_part`)."""
+
+_WRITERS: dict[Field, _Writer] = {
+    Field.LABEL: _set_map,
+    Field.ANNOTATION: _set_map,
+    Field.CGROUP_PARENT: _setter("cgroup_parent"),
+    **{field: _setter(attr) for field, attr in _SCALAR_RESOURCES.items()},
+    Field.HUGEPAGE_LIMIT: _set_hugepage,
+    Field.UNIFIED: _set_map,
+    Field.DEVICE: _keyed_writer(_device_fields),
+    Field.MOUNT: _keyed_writer(_mount_fields),
+    Field.CDI_DEVICE: _keyed_writer(_cdi_fields),
+    Field.ENV: _set_env,
+}

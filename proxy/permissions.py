@@ -69,6 +69,10 @@ class Grants:
         return out
 
 
+_DECIDED_MAX = 1024
+"""Answers a Permissions keeps (`Permissions._decided`)."""
+
+
 @dataclass(frozen=True)
 class Permissions:
     """A hook's grants: what it declares (a built-in hook) or the defaults, and what the
@@ -83,15 +87,37 @@ class Permissions:
             f for f in Field if all(f in g.fields and g.fields[f] is None for g in self.layers)
         )
 
-    def allows(self, key: FieldKey) -> bool:
-        return key[0] in self._whole or all(g.allows(key) for g in self.layers)
+    @functools.cached_property
+    def _decided(self) -> dict[FieldKey, bool]:
+        """Keys already checked against the layers → the answer. Grants never change, so
+        neither does an answer: a hook that sets the same keys on every call (an annotation
+        under a glob) has them matched once, not on every call. Bounded: `_DECIDED_MAX`."""
+        return {}
 
-    def denied(self, adjustment: Adjustment) -> Iterator[str]:
+    def allows(self, key: FieldKey) -> bool:
+        if key[0] in self._whole:
+            return True
+        decided = self._decided
+        answer = decided.get(key)
+        if answer is None:
+            answer = all(g.allows(key) for g in self.layers)
+            if len(decided) >= _DECIDED_MAX:  # ever-new keys: start over rather than grow
+                decided.clear()
+            decided[key] = answer
+        return answer
+
+    def denied(self, adjustment: Adjustment) -> list[str]:
         """What `adjustment` sets that is not allowed (named as the audit names fields)."""
-        for key, _ in adjustment.change_items():
-            if not self.allows(key):
-                yield describe_key(key)
-        yield from self.denied_updates(adjustment.updates)
+        whole, allows = self._whole, self.allows
+        denied = [
+            describe_key(key)
+            for key, _ in adjustment.change_items()
+            if key[0] not in whole and not allows(key)
+        ]
+        updates = adjustment.updates
+        if updates:
+            denied.extend(self.denied_updates(updates))
+        return denied
 
     def denied_updates(self, updates: Iterable[ContainerUpdate]) -> Iterator[str]:
         """What updates to other containers change that is not allowed."""

@@ -33,7 +33,7 @@ from crihook.proxy.errors import (
     HookRejected,
     HookRequired,
 )
-from crihook.proxy.permissions import DEFAULT_GRANTS, Permissions, parse_grants
+from crihook.proxy.permissions import _DECIDED_MAX, DEFAULT_GRANTS, Permissions, parse_grants
 from tests.unit.test_chain import CONTAINER, POD, create_request, make_chain, make_entry
 
 
@@ -109,6 +109,39 @@ def test_what_a_hook_may_set(
 ) -> None:
     layers = [DEFAULT_GRANTS] if allow is None else [parse_grants(allow, "test")]
     assert list(Permissions(tuple(layers)).denied(adjustment)) == denied
+
+
+_LAYERED = Permissions(
+    (
+        parse_grants(["annotation:a*", "annotation:*b", "device", "env:X*", "cpuset_cpus"], "t"),
+        parse_grants(["annotation:*b*", "device:/dev/a*", "env", "cpuset_cpus"], "t"),
+    )
+)
+_FIELDS_NAMED = [Field.ANNOTATION, Field.DEVICE, Field.ENV, Field.LABEL, Field.CPUSET_CPUS]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    keys=st.lists(
+        st.tuples(st.sampled_from(_FIELDS_NAMED), st.from_regex(r"[/abdevX]{0,5}", fullmatch=True)),
+        max_size=12,
+    )
+)
+def test_a_remembered_answer_is_the_one_the_layers_give(keys: list[tuple[Field, str]]) -> None:
+    # Permissions remembers what it decided per key: asked again (and in another order), it
+    # answers what every layer's globs say.
+    for key in [*keys, *reversed(keys)]:
+        assert _LAYERED.allows(key) is all(g.allows(key) for g in _LAYERED.layers)
+
+
+def test_remembered_answers_are_bounded() -> None:
+    permissions = Permissions((parse_grants(["annotation:a*"], "t"),))
+    for i in range(_DECIDED_MAX + 10):
+        assert permissions.allows((Field.ANNOTATION, f"a{i}"))
+        assert not permissions.allows((Field.ANNOTATION, f"b{i}"))
+    assert 0 < len(permissions._decided) <= _DECIDED_MAX
+    assert permissions.allows((Field.ANNOTATION, "a0"))  # forgotten, decided again the same
+    assert not permissions.allows((Field.ANNOTATION, "b0"))
 
 
 async def test_a_denied_field_fails_the_call_under_fail_naming_hook_and_field() -> None:

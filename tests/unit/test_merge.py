@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec.adjustment import REMOVE, Adjustment, Field, ResourceDelta, describe_key
+from crihook.hooks.spec.adjustment import (
+    REMOVE,
+    Adjustment,
+    Device,
+    Field,
+    Mount,
+    ResourceDelta,
+    describe_key,
+)
 from crihook.hooks.spec.events import Event
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
-from crihook.proxy.merge import ALLOWED_FIELDS, Merger, apply_change, jsonable
+from crihook.proxy.merge import _PARTS, _WRITERS, ALLOWED_FIELDS, Merger, apply_change, jsonable
 
 MiB = 1 << 20
 
@@ -746,9 +757,252 @@ def test_owners_and_values_name_each_field() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("2-3", "2-3"),
+        (-1, -1),
+        (True, True),
+        (b"\xffok", "\ufffdok"),
+        (REMOVE, "<removed>"),
+        (
+            Device("/dev/x", "/dev/y", "r"),
+            {"container_path": "/dev/x", "host_path": "/dev/y", "permissions": "r"},
+        ),
+    ],
+    ids=["str", "int", "bool", "bytes-not-utf8", "remove", "device"],
+)
+def test_jsonable_shows_each_kind_of_value(value: Any, shown: Any) -> None:
+    assert jsonable(value) == shown
+    assert type(jsonable(value)) is type(shown)
+
+
+def test_jsonable_shows_a_mount_or_device_field_by_field_in_declared_order() -> None:
+    # Recordings and the audit are JSON: the keys' order is part of the bytes written.
+    mount = Mount("/m", "/h", readonly=True, propagation="rslave")
+    assert list(jsonable(mount).items()) == [
+        (f.name, getattr(mount, f.name)) for f in fields(Mount)
+    ]
+    device = Device("/d", "/h")
+    assert list(jsonable(device)) == [f.name for f in fields(Device)]
+    assert jsonable(device) is not jsonable(device)  # a copy: the audit may change its own
+
+
 def test_owner_after_precedence_override_is_the_winner() -> None:
     merger = Merger(Event.CREATE_CONTAINER, create_request(), "precedence", ("a",))
     merger.add("10-x", "x", Adjustment().set_cpuset_cpus("1"))
     merger.add("20-a", "a", Adjustment().set_cpuset_cpus("2"))
     assert merger.owners == {(Field.CPUSET_CPUS, ""): "20-a"}
     assert merger.values[(Field.CPUSET_CPUS, "")] == "2"
+
+
+# --- the Merger's index of keyed lists ------------------------------------------------------
+# A Merger reads a list's keys once per call and keeps them beside the list. These check it
+# against the request itself after each write, and against a plain model of the rules.
+
+
+def _adds(merger: Merger, *adjustments: Adjustment, hook: str = "10-a") -> None:
+    for adjustment in adjustments:
+        merger.add(hook, hook[3:], adjustment)
+
+
+def test_a_later_hook_replaces_an_entry_kubelet_sent_after_another_appended() -> None:
+    request = create_request()
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/c"))
+    _adds(merger, Adjustment().add_device("/dev/a", "/dev/nvidia0", "r"), hook="20-b")
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/c2"))  # the same hook again
+    assert devices(request) == [
+        ("/dev/a", "/dev/nvidia0", "r"),
+        ("/dev/b", "/dev/b", "r"),
+        ("/dev/c", "/dev/c2", "rwm"),
+    ]
+
+
+def test_removed_then_added_again_goes_to_the_end() -> None:
+    request = create_request()
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    _adds(merger, Adjustment().remove_device("/dev/a").remove_mount("/data"))
+    _adds(merger, Adjustment().add_device("/dev/a", "/dev/x").add_mount("/data", "/srv/new"))
+    assert devices(request) == [("/dev/b", "/dev/b", "r"), ("/dev/a", "/dev/x", "rwm")]
+    assert [m[:2] for m in mounts(request)] == [
+        ("/etc/hosts", "/pods/hosts"),
+        ("/data", "/srv/new"),
+    ]
+
+
+def test_an_env_name_kubelet_repeats_is_set_removed_and_set_again() -> None:
+    request = create_request()
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    _adds(merger, Adjustment().set_env("DUP", "x"))
+    assert envs(request) == [("A", b"1"), ("DUP", b"x"), ("B", b"2"), ("DUP", b"x")]
+    _adds(merger, Adjustment().remove_env("DUP").set_env("B", "3"))
+    assert envs(request) == [("A", b"1"), ("B", b"3")]
+    _adds(merger, Adjustment().set_env("DUP", "y").set_env("B", "4"))
+    assert envs(request) == [("A", b"1"), ("B", b"4"), ("DUP", b"y")]
+
+
+def test_a_path_kubelet_lists_twice_is_replaced_and_removed_first_one_first() -> None:
+    request = create_request()
+    request.config.mounts.add(container_path="/data", host_path="/srv/second")
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    _adds(merger, Adjustment().add_mount("/data", "/srv/first"))
+    assert [m[:2] for m in mounts(request)] == [
+        ("/data", "/srv/first"),
+        ("/etc/hosts", "/pods/hosts"),
+        ("/data", "/srv/second"),
+    ]
+    _adds(merger, Adjustment().remove_mount("/data"))
+    _adds(merger, Adjustment().add_mount("/data", "/srv/third"))
+    assert [m[:2] for m in mounts(request)] == [
+        ("/etc/hosts", "/pods/hosts"),
+        ("/data", "/srv/third"),
+    ]
+
+
+def test_a_raw_value_keyed_by_another_path_is_found_by_its_own_path() -> None:
+    # set_raw can name an entry by one path and carry another: the entry written has the
+    # value's path, and that is the path a later change finds it by.
+    request = create_request()
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    odd = Adjustment().set_raw((Field.DEVICE, "/dev/a"), Device("/dev/z", "/dev/z", "r"))
+    _adds(merger, odd)
+    _adds(merger, Adjustment().add_device("/dev/z", "/dev/zz").add_device("/dev/a", "/dev/aa"))
+    assert devices(request) == [
+        ("/dev/z", "/dev/zz", "rwm"),
+        ("/dev/b", "/dev/b", "r"),
+        ("/dev/a", "/dev/aa", "rwm"),
+    ]
+
+
+def test_precedence_winners_write_through_the_index() -> None:
+    request = create_request()
+    merger = Merger(Event.CREATE_CONTAINER, request, "precedence", ("a", "b"))
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/from-x").set_env("A", "x"), hook="10-x")
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/from-b").set_env("C", "b"), hook="20-b")
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/from-a").set_env("A", "a"), hook="30-a")
+    _adds(merger, Adjustment().add_device("/dev/c", "/dev/from-b2").set_env("D", "b"), hook="40-b")
+    assert devices(request)[2:] == [("/dev/c", "/dev/from-a", "rwm")]  # one entry, a's
+    assert envs(request) == [
+        ("A", b"a"),
+        ("DUP", b"first"),
+        ("B", b"2"),
+        ("DUP", b"second"),
+        ("C", b"b"),
+        ("D", b"b"),
+    ]
+    assert merger.owners[(Field.DEVICE, "/dev/c")] == "30-a"
+
+
+def test_resources_written_through_a_part_found_once_reach_a_sandbox_without_linux() -> None:
+    # The Merger keeps `config.linux` and `config.linux.resources` while they are unset
+    # (protobuf makes them on the first write): both writes must land in the request.
+    request = api_pb2.RunPodSandboxRequest(config=api_pb2.PodSandboxConfig())
+    merger = Merger(Event.RUN_POD_SANDBOX, request, "error", ())
+    _adds(merger, Adjustment().set_cpu_shares(512))
+    _adds(merger, Adjustment().set_cgroup_parent("/kubepods/p").set_cpu_period(1000), hook="20-b")
+    _adds(merger, Adjustment().set_unified("cpu.weight", "5"), hook="30-c")
+    expected = api_pb2.RunPodSandboxRequest(config=api_pb2.PodSandboxConfig())
+    for key, value in merger.values.items():
+        apply_change(Event.RUN_POD_SANDBOX, expected, key, value)
+    assert request == expected
+    assert request.config.linux.resources.cpu_shares == 512
+    assert request.config.linux.cgroup_parent == "/kubepods/p"
+
+
+def test_every_field_has_a_part_and_a_writer() -> None:
+    assert set(_PARTS) == set(_WRITERS) == set(Field)
+
+
+_LIST_FIELDS = {
+    Field.DEVICE: ("devices", "container_path"),
+    Field.MOUNT: ("mounts", "container_path"),
+    Field.CDI_DEVICE: ("CDI_devices", "name"),
+    Field.ENV: ("envs", "key"),
+}
+
+
+def _model_write(
+    model: dict[Field, list[tuple[str, Any]]], field: Field, key: str, value: Any
+) -> None:
+    """The rules, restated as a plain scan: keyed entries replace or drop their first match,
+    env sets every occurrence or drops them all; a new key is appended."""
+    entries = model[field]
+    hits = [i for i, (k, _) in enumerate(entries) if k == key]
+    if field is not Field.ENV:
+        hits = hits[:1]
+    if value is REMOVE:
+        for i in reversed(hits):
+            del entries[i]
+    elif not hits:
+        entries.append((key, value))
+    else:
+        for i in hits:
+            entries[i] = (key, value)
+
+
+def _as_model(request: api_pb2.CreateContainerRequest) -> dict[Field, list[tuple[str, Any]]]:
+    model: dict[Field, list[tuple[str, Any]]] = {}
+    for field, (repeated, key_attr) in _LIST_FIELDS.items():
+        items = getattr(request.config, repeated)
+        model[field] = [(getattr(item, key_attr), _shown(field, item)) for item in items]
+    return model
+
+
+def _shown(field: Field, item: Any) -> Any:
+    if field is Field.DEVICE:
+        return Device(item.container_path, item.host_path, item.permissions)
+    if field is Field.MOUNT:
+        return Mount(item.container_path, item.host_path, item.readonly)
+    if field is Field.ENV:
+        return item.value
+    return item.name
+
+
+_KEYS = st.sampled_from(["/a", "/b", "/c", "/d"])
+_CHANGE = st.one_of(
+    st.tuples(st.just(Field.DEVICE), _KEYS, st.booleans()),
+    st.tuples(st.just(Field.MOUNT), _KEYS, st.booleans()),
+    st.tuples(st.just(Field.CDI_DEVICE), _KEYS, st.booleans()),
+    st.tuples(st.just(Field.ENV), _KEYS, st.booleans()),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.lists(st.tuples(st.sampled_from(sorted(_LIST_FIELDS, key=str)), _KEYS), max_size=8),
+    steps=st.lists(st.lists(_CHANGE, min_size=1, max_size=4), min_size=1, max_size=6),
+)
+def test_the_index_writes_what_a_scan_per_change_would(
+    start: list[tuple[Field, str]], steps: list[list[tuple[Field, str, bool]]]
+) -> None:
+    request = api_pb2.CreateContainerRequest(config=api_pb2.ContainerConfig())
+    for n, (field, key) in enumerate(start):  # kubelet's lists, repeated keys and all
+        items = getattr(request.config, _LIST_FIELDS[field][0])
+        value = _value(field, key, n)
+        if field is Field.ENV:
+            items.add(key=key, value=value)
+        elif field is Field.CDI_DEVICE:
+            items.add(name=key)
+        else:
+            items.add(container_path=key, host_path=value.host_path)
+    model = _as_model(request)
+    merger = Merger(Event.CREATE_CONTAINER, request, "error", ())
+    for n, step in enumerate(steps):
+        adjustment = Adjustment()
+        for field, key, remove in step:
+            adjustment.set_raw((field, key), REMOVE if remove else _value(field, key, 100 + n))
+        merger.add("10-a", "a", adjustment)
+        for (field, key), value in adjustment.change_items():
+            _model_write(model, field, key, value)
+        assert _as_model(request) == model
+
+
+def _value(field: Field, key: str, n: int) -> Any:
+    if field is Field.DEVICE:
+        return Device(key, f"/host{key}{n}", "rwm")
+    if field is Field.MOUNT:
+        return Mount(key, f"/host{key}{n}")
+    if field is Field.ENV:
+        return f"v{n}".encode()
+    return key
