@@ -245,10 +245,12 @@ def _resources(event: Event, request: Any) -> Any:
     return request.config.linux.resources
 
 
-def _maps(event: Event, request: Any, field: Field) -> Any:
+def _maps(event: Event, request: Any, part: str) -> Any:
+    """The request's labels or annotations (`part`); UpdateContainerResources has
+    annotations only, at its top."""
     if event is Event.UPDATE_CONTAINER_RESOURCES:
         return request.annotations
-    return request.config.labels if field is Field.LABEL else request.config.annotations
+    return getattr(request.config, part)
 
 
 def _part(event: Event, request: Any, part: str) -> Any:
@@ -256,7 +258,7 @@ def _part(event: Event, request: Any, part: str) -> Any:
     if part in _LISTS:
         return _Entries(getattr(request.config, part), _LISTS[part])
     if part == "labels" or part == "annotations":
-        return _maps(event, request, Field.LABEL if part == "labels" else Field.ANNOTATION)
+        return _maps(event, request, part)
     if part == "linux":
         return request.config.linux
     resources = _resources(event, request)
