@@ -62,4 +62,4 @@ def test_a_cgroup_that_stays_busy_is_reported(cgroup: str) -> None:
         sleeper.send_signal(signal.SIGKILL)
         sleeper.wait()
     assert len(problems) == busy
-    assert all(p.endswith(": EBUSY") for p in problems)
+    assert all(p.endswith(f": EBUSY (processes {sleeper.pid})") for p in problems)

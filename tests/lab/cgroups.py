@@ -94,8 +94,20 @@ def _rmdir(d: Path, problems: list[str], deadline: float) -> None:
             if exc.errno == errno.EBUSY and time.monotonic() < deadline:
                 time.sleep(0.02)
                 continue
-            problems.append(f"{d}: {errno.errorcode.get(exc.errno or 0, exc)}")
+            problem = f"{d}: {errno.errorcode.get(exc.errno or 0, exc)}"
+            if exc.errno == errno.EBUSY:
+                problem += f" ({_holders(d)})"
+            problems.append(problem)
             return
+
+
+def _holders(d: Path) -> str:
+    """Who keeps a busy cgroup: its processes, for the report."""
+    try:
+        pids = (d / "cgroup.procs").read_text().split()
+    except OSError as exc:
+        return f"cgroup.procs unreadable: {exc.strerror or exc}"
+    return f"processes {', '.join(pids)}" if pids else "no process listed"
 
 
 @dataclass(frozen=True)
