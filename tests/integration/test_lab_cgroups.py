@@ -63,3 +63,15 @@ def test_a_cgroup_that_stays_busy_is_reported(cgroup: str) -> None:
         sleeper.wait()
     assert len(problems) == busy
     assert all(p.endswith(f": EBUSY (processes {sleeper.pid})") for p in problems)
+
+
+def test_a_cgroup_with_one_below_it_is_reported_so(cgroup: str) -> None:
+    child = f"{cgroup}/child"
+    for d in cgroups.cgroup_dirs(cgroup):
+        (d / "child").mkdir()
+    try:
+        problems = cgroups.remove_cgroup_dir(cgroup)
+    finally:
+        assert cgroups.remove_cgroup_dir(child) == []
+    assert problems
+    assert all(p.endswith(": EBUSY (1 cgroup(s) below it: child)") for p in problems)

@@ -102,12 +102,17 @@ def _rmdir(d: Path, problems: list[str], deadline: float) -> None:
 
 
 def _holders(d: Path) -> str:
-    """Who keeps a busy cgroup: its processes, for the report."""
+    """What keeps a busy cgroup, for the report: its processes, or cgroups below it."""
     try:
         pids = (d / "cgroup.procs").read_text().split()
+        children = sorted(c.name for c in d.iterdir() if c.is_dir())
     except OSError as exc:
-        return f"cgroup.procs unreadable: {exc.strerror or exc}"
-    return f"processes {', '.join(pids)}" if pids else "no process listed"
+        return f"unreadable: {exc.strerror or exc}"
+    if pids:
+        return f"processes {', '.join(pids)}"
+    if children:
+        return f"{len(children)} cgroup(s) below it: {', '.join(c[:12] for c in children)}"
+    return "no process or cgroup listed"
 
 
 @dataclass(frozen=True)
