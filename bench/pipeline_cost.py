@@ -19,32 +19,49 @@ which are interleaved across scenarios; "added" is over hooks-none. bench.run's 
 for a chain is this figure times the cost of running among other processes (caches, context
 switches): 1.2 to 2 on this machine on 2026-11-30, as its state moved. Timing lives here,
 never in tests.
+
+`--split` says what a chain's added figure is made of. Each scenario with hooks runs twice
+more, with every hook in its place but its work taken out: once answering nothing at every
+stage (what the chain charges for having the hooks at all), and once answering, at every
+stage, what the hook answered on the last warm-up call (what carrying those answers costs:
+checking, merging, auditing and encoding them). The rest of the figure is the hooks' own work.
+
+`--cold MB` reads that many MiB of memory between two calls (outside the figure), as the
+runtime and kubelet running between two calls do on a busy node: the caches are colder, and
+the same Python costs more.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 import tomllib
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from bench import payloads
 from bench.run import SCENARIOS, Scenario
 from crihook.hooks.node.host import LinuxHost
 from crihook.hooks.node.topology import Topology
-from crihook.hooks.spec import ContainerState, Event, SyncContext
+from crihook.hooks.spec import ContainerState, Event, HookContext, Stage, SyncContext
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import Settings, apply_flags, settings_from_toml
-from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.local_hooks import LocalHook, load_local_hook
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.store import Store
 
 DEFAULT = ("hooks-none", "resource-hooks", "devices")
+
+ANSWERS = ("hooks", "canned", "nothing")
+"""Who answers in a chain: the hooks themselves; each hook's answers from the last warm-up
+call, without its work; nobody (every stage answers nothing)."""
 
 
 class _NoContainers:
@@ -78,13 +95,46 @@ def settings_of(scenario: Scenario) -> Settings:
     return settings
 
 
-async def build(scenario: Scenario, state_dir: Path) -> tuple[Pipeline, Store]:
-    """The scenario's pipeline, its hooks synchronized as crihook does at start (no pods)."""
+class StandIn(LocalHook):
+    """A hook whose work can be taken out of the chain while it keeps its place there (its
+    name, subscriptions, grants and settings). Until `answers` is set it is the hook, and
+    keeps each stage's last answer in `kept`; then each stage answers what `answers` holds
+    for it, or nothing."""
+
+    def __init__(self, hook: LocalHook) -> None:
+        super().__init__(hook.name, hook.impl)
+        self.kept: dict[tuple[Event, Stage], Any] = {}
+        self.answers: dict[tuple[Event, Stage], Any] | None = None
+
+    async def call(self, ctx: HookContext) -> Any:  # type: ignore[override]
+        if self.answers is not None:
+            return self.answers.get((ctx.event, ctx.stage))
+        answer = await super().call(ctx)
+        self.kept[(ctx.event, ctx.stage)] = answer
+        return answer
+
+
+def take_work_out(pipeline: Pipeline, answers: str) -> None:
+    """From now on every hook answers as `answers` (one of ANSWERS but "hooks") says."""
+    for entry in pipeline.chain.entries:
+        hook = entry.hook
+        assert isinstance(hook, StandIn), "the pipeline was built with stand_ins=True"
+        hook.answers = dict(hook.kept) if answers == "canned" else {}
+
+
+async def build(
+    scenario: Scenario, state_dir: Path, stand_ins: bool = False
+) -> tuple[Pipeline, Store]:
+    """The scenario's pipeline, its hooks synchronized as crihook does at start (no pods);
+    `stand_ins`: each hook wrapped in a StandIn."""
     settings = settings_of(scenario)
     store = Store(state_dir)
     store.load()
     chain = Chain(settings.chain, store.hook_state)
-    entries = [Chain.entry(load_local_hook(h), h) for h in settings.chain.hooks]
+    hooks = [load_local_hook(h) for h in settings.chain.hooks]
+    if stand_ins:
+        hooks = [StandIn(h) for h in hooks]
+    entries = [Chain.entry(h, s) for h, s in zip(hooks, settings.chain.hooks, strict=True)]
     chain.set_builtin(entries)
     node = Topology.from_sysfs(settings.node.sysfs_root)
     for entry in entries:
@@ -107,16 +157,26 @@ async def build(scenario: Scenario, state_dir: Path) -> tuple[Pipeline, Store]:
     return pipeline, store
 
 
-async def loop_cpu(scenario: Scenario, requests: list[bytes]) -> float:
-    """µs of event-loop CPU per CreateContainer through the scenario's pipeline."""
+async def loop_cpu(
+    scenario: Scenario, requests: list[bytes], answers: str = "hooks", cold_mib: int = 0
+) -> float:
+    """µs of event-loop CPU per CreateContainer through the scenario's pipeline, with the hooks
+    answering as `answers` says (ANSWERS), reading `cold_mib` MiB between calls."""
+    if answers not in ANSWERS:
+        raise ValueError(f"answers: {answers!r}, not one of {', '.join(ANSWERS)}")
+    cold = os.urandom(cold_mib << 20)  # not zeros: those all read one page the kernel shares
     with tempfile.TemporaryDirectory(prefix="crihook-bench-") as tmp:
-        pipeline, store = await build(scenario, Path(tmp))
+        pipeline, store = await build(scenario, Path(tmp), stand_ins=answers != "hooks")
         try:
             warm = len(requests) // 10
             for raw in requests[:warm]:
                 await pipeline.handle(Event.CREATE_CONTAINER, raw, None, time.monotonic() + 2)
+            if answers != "hooks":
+                take_work_out(pipeline, answers)
             spent = 0.0
             for raw in requests[warm:]:
+                if cold:
+                    zlib.crc32(cold)  # reads it all: what the caches held is gone
                 started = time.thread_time()
                 outcome = await pipeline.handle(
                     Event.CREATE_CONTAINER, raw, None, time.monotonic() + 2
@@ -130,22 +190,45 @@ async def loop_cpu(scenario: Scenario, requests: list[bytes]) -> float:
             await store.close()
 
 
-async def main(names: list[str], calls: int, reps: int) -> None:
+async def main(names: list[str], calls: int, reps: int, split: bool, cold_mib: int) -> None:
     chosen = [s for s in SCENARIOS if s.name in names]
+    runs = [
+        (s, answers)
+        for s in chosen
+        for answers in (ANSWERS if split and s.name != "hooks-none" else ANSWERS[:1])
+    ]
     base = payloads.fake_create_container_request()
     marker = payloads.NAME_MARKER.encode()
-    figures: dict[str, list[float]] = {s.name: [] for s in chosen}
+    figures: dict[tuple[str, str], list[float]] = {(s.name, a): [] for s, a in runs}
     for rep in range(reps):
-        for scenario in chosen:
-            first = (rep * len(chosen) + len(figures[scenario.name])) * calls
+        for index, (scenario, answers) in enumerate(runs):
+            first = (rep * len(runs) + index) * calls
             requests = [base.replace(marker, f"{first + i:010d}".encode()) for i in range(calls)]
-            figures[scenario.name].append(await loop_cpu(scenario, requests))
-    best = {name: min(values) for name, values in figures.items()}
-    print(f"event-loop CPU per CreateContainer, in one process (fastest of {reps} reps):")
-    none = best.get("hooks-none")
-    for name, value in best.items():
+            figures[(scenario.name, answers)].append(
+                await loop_cpu(scenario, requests, answers, cold_mib)
+            )
+    best = {key: min(values) for key, values in figures.items()}
+    cold = f", {cold_mib} MiB read between calls" if cold_mib else ""
+    print(f"event-loop CPU per CreateContainer, in one process (fastest of {reps} reps{cold}):")
+    none = best.get(("hooks-none", "hooks"))
+    for (name, answers), value in best.items():
+        if answers != "hooks":
+            continue
         added = "" if none is None or name == "hooks-none" else f"  added {value - none:+7.1f}"
         print(f"  {name:16s} {value:7.1f} µs{added}")
+    if split and none is not None:
+        print("of what each chain adds (µs):")
+        print(f"  {'':16s} {'having hooks':>12s} {'their answers':>13s} {'their work':>10s}")
+        for scenario in chosen:
+            name = scenario.name
+            if name == "hooks-none":
+                continue
+            nothing = best[(name, "nothing")] - none
+            canned = best[(name, "canned")] - none
+            whole = best[(name, "hooks")] - none
+            print(
+                f"  {name:16s} {nothing:+12.1f} {canned - nothing:+13.1f} {whole - canned:+10.1f}"
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,9 +241,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--calls", type=int, default=3000, help="calls per rep (default 3000)")
     parser.add_argument("--reps", type=int, default=5, help="reps (default 5)")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also run each chain with its hooks' work taken out (module docstring)",
+    )
+    parser.add_argument(
+        "--cold", type=int, default=0, metavar="MB", help="MiB of memory read between calls"
+    )
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args()
-    asyncio.run(main(args.scenario or list(DEFAULT), args.calls, args.reps))
+    asyncio.run(main(args.scenario or list(DEFAULT), args.calls, args.reps, args.split, args.cold))
