@@ -526,10 +526,10 @@ class Pipeline:
             if not response.container_id:
                 log.error("CreateContainer answered without a container id; not stored")
                 return
-            pod = call.pod
             if call.pod_record is None:
-                pod = pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
-                self.store.put_pod(PodRecord(pod))
+                # A pod crihook had not seen: its view, made from this request's sandbox
+                # config before the hooks ran (they cannot change that config), is kept.
+                self.store.put_pod(PodRecord(call.pod))
             assert call.container is not None
             changed = {key[0] for key in merger.owners} if merger else set()
             view = container_view_updated(

@@ -92,6 +92,8 @@ async def test_the_stored_view_is_the_view_of_what_the_runtime_got(
     got = api_pb2.CreateContainerRequest.FromString(runtime.sent[0])
     assert (runtime.sent[0] == raw) is (hooks == "no-hooks")  # unchanged: kubelet's bytes
     pod = pod_view_from_config(got.pod_sandbox_id, got.sandbox_config)
+    pod_record = store.pod(got.pod_sandbox_id)  # a pod crihook had not seen: kept from here
+    assert pod_record is not None and pod_record.view == pod
     record = store.container(CONTAINER_ID)
     assert record is not None
     assert record.view == container_view_from_config(CONTAINER_ID, pod, got.config)
