@@ -221,16 +221,17 @@ class App:
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
-        """What a rotated file starts from: the pods, containers and hook states now (taken
-        while no call is in flight)."""
+        """What a rotated file starts from: the pods, containers, hook states and open
+        breakers now (taken while no call is in flight)."""
         assert self.recorder is not None
         pods, containers = self.store.snapshot()
         hook_states = json.loads(json.dumps(self.store.hook_states()))
         states = self.store.container_states()
         redactor = self.recorder.redactor
+        now = time.time()
         return sync_line(
-            "snapshot", seq, time.time(), "rotate", pods, containers, states, hook_states, [], [],
-            redactor,
+            "snapshot", seq, now, "rotate", pods, containers, states, hook_states, [], [],
+            redactor, self.chain.breakers(now),
         )  # fmt: skip
 
     def _record_sync(self, report: SyncReport) -> None:

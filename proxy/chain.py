@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import Message
 
@@ -123,6 +123,31 @@ class Breaker:
         if self.failures < self.threshold:
             return "closed"
         return "half-open" if self.probing or self.clock() >= self.open_until else "open"
+
+    def recorded(self, now: float) -> BreakerRecord:
+        """Its state for a recording whose clock reads `now`: the failures counted, and
+        when an open breaker lets a probe through, on that clock."""
+        if self.failures < self.threshold:
+            return BreakerRecord(self.failures, None)
+        return BreakerRecord(self.failures, round(now + self.open_until - self.clock(), 6))
+
+    def restore(self, record: BreakerRecord) -> None:
+        """Take up a recorded state, on this breaker's clock (a replay's: the recorded time).
+        No probe is out: a recording's snapshot is taken while no call is in flight."""
+        self.failures = record.failures
+        self.open_until = record.open_until or 0.0
+        self.probing = False
+
+
+class BreakerRecord(NamedTuple):
+    """A breaker's state in a recording's snapshot (`breakers`)."""
+
+    failures: int
+    open_until: float | None
+    """When an open breaker lets a probe through (the recording's clock); None: closed."""
+
+
+_CLOSED = BreakerRecord(0, None)
 
 
 @dataclass
@@ -264,6 +289,16 @@ class Chain:
             if entry.wants(event, stage, exempt):
                 return True
         return False
+
+    def breakers(self, now: float) -> dict[str, BreakerRecord]:
+        """The breakers that have counted failures, by hook, for a recording's snapshot
+        (`now`: the recording's clock); a replay starting there takes them up."""
+        return {e.name: e.breaker.recorded(now) for e in self.entries if e.breaker.failures}
+
+    def restore_breakers(self, records: Mapping[str, BreakerRecord]) -> None:
+        """Every hook's breaker as `records` has it (closed when it is not there)."""
+        for entry in self.entries:
+            entry.breaker.restore(records.get(entry.name, _CLOSED))
 
     def permitted_updates(
         self, hook: str, updates: Sequence[ContainerUpdate]

@@ -7,7 +7,8 @@
      "container": "app", "request": {"b64": ..., "json": {...}}, "forwarded": "unchanged",
      "response": {...}, "status": null, "hooks": [...], "updates": [...], "observed": [...]}
     {"kind": "plugins", "seq": 9, "plugins": [{"name": "50-annotate", ...}]}
-    {"kind": "snapshot", ...}      after a rotation: the state the next calls start from
+    {"kind": "snapshot", ..., "breakers": {"60-p": {"failures": 3, "open_until": ...}}}
+                                   after a rotation: the state the next calls start from
     {"kind": "passthrough", ...}   --record-all: a unary call no hook sees
     {"kind": "gap", "dropped": 3}  lines the disk did not take
 
@@ -51,6 +52,7 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
+from crihook.proxy.chain import BreakerRecord
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.merge import from_jsonable, jsonable
@@ -349,10 +351,12 @@ def sync_line(
     updates: Sequence[SentUpdate],
     observed: Iterable[Observation],
     redactor: Redactor,
+    breakers: Mapping[str, BreakerRecord] | None = None,
 ) -> dict[str, Any]:
     """A synchronize of every hook (`sync`), or the state a rotated file starts from
-    (`snapshot`): what the hooks were given, and the repairs sent."""
-    return {
+    (`snapshot`): what the hooks were given, and the repairs sent; a snapshot also has the
+    breakers that had counted failures (a replay of the file takes them up)."""
+    doc = {
         "kind": kind,
         "seq": seq,
         "time": round(time, 6),
@@ -364,6 +368,9 @@ def sync_line(
         "updates": update_docs(updates),
         "observed": observation_docs(observed),
     }
+    if breakers is not None:
+        doc["breakers"] = {name: record._asdict() for name, record in breakers.items()}
+    return doc
 
 
 def view_docs(

@@ -300,6 +300,8 @@ class _SegmentReplay:
     async def _sync(self, entry: SyncEntry) -> None:
         fresh = entry.kind == "snapshot" or entry.reason == "start"
         self._adopt(entry, fresh)
+        if entry.breakers is not None:  # a rotated file: its breakers as they were then
+            self.chain.restore_breakers(entry.breakers)
         self.node.states = entry.states
         self.node.begin(entry.doc.get("observed", []))
         self.plugins.answers.sync(entry.doc.get("updates", []))

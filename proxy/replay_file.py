@@ -23,6 +23,7 @@ import grpc
 
 from crihook.hooks.node import Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView
+from crihook.proxy.chain import BreakerRecord
 from crihook.proxy.config import HookSettings
 from crihook.proxy.config_doc import plugin_settings
 from crihook.proxy.errors import ConfigError
@@ -85,6 +86,9 @@ class SyncEntry:
     containers: list[ContainerView]
     states: dict[str, ContainerState]
     hook_states: dict[str, dict[str, Any]]
+    breakers: dict[str, BreakerRecord] | None = None
+    """A snapshot's breakers that had counted failures, by hook; None: the line has none
+    (a sync, or a recording older than them)."""
 
 
 @dataclass
@@ -256,7 +260,25 @@ def _sync(path: Path, number: int, doc: dict[str, Any]) -> SyncEntry:
         containers=containers,
         states=states,
         hook_states=hook_states,
+        breakers=_breakers(path, number, doc["breakers"]) if "breakers" in doc else None,
     )
+
+
+def _breakers(path: Path, number: int, doc: Any) -> dict[str, BreakerRecord]:
+    if not isinstance(doc, Mapping):
+        raise RecordingError(path, number, f"breakers {doc!r} is not an object")
+    out = {}
+    for name, record in doc.items():
+        if not isinstance(record, Mapping):
+            raise RecordingError(path, number, f"breaker of {name} {record!r} is not an object")
+        failures = _int(path, number, record, "failures")
+        reopens = record.get("open_until")
+        if reopens is not None and (
+            isinstance(reopens, bool) or not isinstance(reopens, int | float)
+        ):
+            raise RecordingError(path, number, f"open_until {reopens!r} is not a time")
+        out[str(name)] = BreakerRecord(failures, None if reopens is None else float(reopens))
+    return out
 
 
 def _bytes(path: Path, number: int, doc: Any, what: str) -> bytes:

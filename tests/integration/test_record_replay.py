@@ -356,6 +356,7 @@ def test_a_full_disk_never_fails_a_call() -> None:
         assert "gap" in kinds  # the hole is marked, and a new part starts behind it
         gap = kinds.index("gap")
         assert kinds[gap + 1 : gap + 3] == ["header", "snapshot"]
+        assert docs[gap + 2]["breakers"] == {}  # no hook had failed: every breaker closed
         # Calls only from there on: the later pod's three, after whatever part of the "after"
         # pod came behind the snapshot (where the snapshot falls depends on the renderer).
         assert set(kinds[gap + 3 :]) == {"call"}

@@ -147,6 +147,20 @@ class RecordingNode:
         line = plugins_line(self.pipeline.next_seq(), time.time(), [h for h, _ in self._plugins])
         self.lines.append(line)
 
+    def rotate(self) -> None:
+        """The file is rotated here: a new part starts, from a header and a snapshot (as
+        crihook's own, with the breakers that counted failures)."""
+        now = time.time()
+        plugins = [h for h, _ in self._plugins]
+        self.lines.append(header_line(self.settings, TOPOLOGY, [], [], now, True, plugins))
+        pods, containers = self.store.snapshot()
+        line = sync_line(
+            "snapshot", self.pipeline.next_seq(), now, "rotate", pods, containers,
+            self.store.container_states(), self.store.hook_states(), [], [], self.redactor,
+            self.chain.breakers(now),
+        )  # fmt: skip
+        self.lines.append(line)
+
     def _call(self, outcome: Outcome) -> None:
         self.lines.append(call_line(outcome, self.redactor))
 

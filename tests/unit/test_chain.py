@@ -21,7 +21,7 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
-from crihook.proxy.chain import Chain, ChainEntry, is_exempt
+from crihook.proxy.chain import BreakerRecord, Chain, ChainEntry, is_exempt
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
     HookConflict,
@@ -606,6 +606,33 @@ async def test_breaker_opens_after_threshold_and_fails_fast_with_fail_policy() -
         await run_create(chain)
     assert hook.calls == 3
     assert entry.counters["skipped"] == 2
+
+
+async def test_a_breaker_is_recorded_on_the_recordings_clock_and_taken_up_on_another() -> None:
+    """A rotated recording's snapshot keeps each breaker that counted failures, its reopening
+    on the recording's clock (wall time); a replay's chain, on the recorded time, takes it
+    up: still open until then, then one probe."""
+    chain, _, _, clock = breaker_chain("ignore")
+    await run_create(chain)
+    assert chain.breakers(5000.0) == {"10-flaky": BreakerRecord(1, None)}  # counted, closed
+    for _ in range(2):
+        await run_create(chain)
+    clock.now += 10.0  # 20 s of the 30 s left
+    assert chain.breakers(5000.0) == {"10-flaky": BreakerRecord(3, 5020.0)}
+
+    replayed, entry2, hook2, clock2 = breaker_chain("ignore")
+    clock2.now = 5001.0  # the replay's clock: the recorded time
+    replayed.restore_breakers(chain.breakers(5000.0))
+    assert entry2.breaker.state == "open"
+    await run_create(replayed)
+    assert hook2.calls == 0 and entry2.counters["skipped"] == 1
+    clock2.now = 5020.0
+    await run_create(replayed)
+    assert hook2.calls == 1  # the probe
+
+    replayed.restore_breakers({})  # not in the snapshot: it had counted nothing
+    assert entry2.breaker.failures == 0 and entry2.breaker.state == "closed"
+    assert replayed.breakers(5020.0) == {}
 
 
 async def test_breaker_probe_success_closes_it() -> None:

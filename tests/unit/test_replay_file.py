@@ -14,6 +14,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
 from crihook.hooks.node.topology import CPUInfo
+from crihook.proxy.chain import BreakerRecord
 from crihook.proxy.config import Settings
 from crihook.proxy.config_doc import settings_doc
 from crihook.proxy.record_format import FORMAT
@@ -104,6 +105,12 @@ def _old_format() -> dict[str, Any]:
 
 
 CUT = b'{"kind": "call", "seq": 2, "met'
+
+
+def _snapshot(breakers: Any) -> dict[str, Any]:
+    return {**sync(1), "kind": "snapshot", "reason": "rotate", "breakers": breakers}
+
+
 CORRUPT: dict[str, tuple[list[Any], bytes, int, str]] = {
     "truncated-last-line": ([header(), sync(1)], CUT, 3, "truncated"),
     "garbage-in-the-middle": ([header(), "{not json", call(2)], b"", 2, "not a JSON line"),
@@ -123,7 +130,29 @@ CORRUPT: dict[str, tuple[list[Any], bytes, int, str]] = {
         "unreadable plugin settings",
     ),
     "plugins-not-a-list": ([{**header(), "plugins": {}}], b"", 1, "plugins is not a list"),
-}
+    "breakers-not-an-object": ([header(), _snapshot([])], b"", 2, "breakers [] is not an object"),
+    "breaker-not-an-object": ([header(), _snapshot({"p": 2})], b"", 2, "breaker of p 2"),
+    "breaker-failures": (
+        [header(), _snapshot({"p": {"failures": "2"}})], b"", 2, "failures '2' is not a whole"
+    ),
+    "breaker-open-until": (
+        [header(), _snapshot({"p": {"failures": 2, "open_until": True}})], b"", 2,
+        "open_until True is not a time",
+    ),
+}  # fmt: skip
+
+
+def test_a_snapshot_carries_the_breakers_that_counted_failures(tmp_path: Path) -> None:
+    breakers = {"60-b": {"failures": 3, "open_until": 1700000030.5}, "70-c": {"failures": 1}}
+    lines = [header(), _snapshot(breakers), sync(2)]
+    (segment,) = read_recording(write(tmp_path / "r", lines)).segments
+    snapshot, later = segment.entries
+    assert isinstance(snapshot, SyncEntry) and isinstance(later, SyncEntry)
+    assert snapshot.breakers == {
+        "60-b": BreakerRecord(3, 1700000030.5),
+        "70-c": BreakerRecord(1, None),
+    }
+    assert later.breakers is None  # a sync line has none
 
 
 def test_the_plugins_in_the_chain_are_known_at_every_seq(tmp_path: Path) -> None:

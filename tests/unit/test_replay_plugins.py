@@ -31,7 +31,7 @@ from crihook.proxy.outcome import Outcome
 from crihook.proxy.replay import replay
 from crihook.proxy.replay_cli import replay_command, write_updated
 from crihook.proxy.replay_diff import ABSENT
-from crihook.proxy.replay_file import CallEntry, read_recording
+from crihook.proxy.replay_file import CallEntry, SyncEntry, read_recording
 from crihook.proxy.replay_plugins import failure_of, refusal_of
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.record_harness import RecordingNode
@@ -168,6 +168,65 @@ async def test_plugins_round_trip_replays_clean(tmp_path: Path) -> None:
             assert result.updated is not None
             replayed = [(h["hook"], h["verdict"]) for h in result.updated["hooks"]]
             assert replayed == [(h["hook"], h["verdict"]) for h in result.entry.doc["hooks"]]
+
+
+async def test_a_rotated_file_replays_a_breaker_that_was_open_when_it_began(
+    tmp_path: Path,
+) -> None:
+    """The flaky plugin's breaker opens at the second pod; the file rotates; the third pod's
+    call, skipped by the open breaker, starts the new part. Its replay starts from the
+    snapshot's breakers: skipped again, not called (and unavailable)."""
+    node = await RecordingNode(tmp_path, CONFIG, PLUGINS[2:3]).start()
+    for name in ("web-0", "web-1", "web-2"):
+        if name == "web-2":
+            node.rotate()
+        spec = pod(name)
+        await node.create(spec, sandbox_of(await node.run_pod(spec)), spec.containers[0])
+    path = await node.close(tmp_path / "rec.jsonl")
+    recording = read_recording(path)
+    snapshot = recording.segments[1].entries[0]
+    assert isinstance(snapshot, SyncEntry) and snapshot.breakers is not None
+    (flaky,) = snapshot.breakers.values()
+    assert flaky.failures == 2 and flaky.open_until is not None
+    assert flaky.open_until > snapshot.doc["time"]  # open for the breaker's reset time
+    skipped = calls(path)[-1]
+    assert "': skipped: 2 consecutive failures" in _flaky(skipped.doc)["detail"]
+
+    report = await replay(recording)
+
+    assert [(r.entry.line, r.differences) for r in report.differing] == []
+    replayed = report.results[-1].updated
+    assert replayed is not None
+    assert _flaky(replayed) == {**_flaky(skipped.doc), "ms": _flaky(replayed)["ms"]}
+
+
+async def test_a_snapshot_without_breakers_leaves_them_closed(tmp_path: Path) -> None:
+    """A recording made before snapshots carried breakers replays as it did: the breaker
+    starts closed, so the skipped call is replayed as a call to the plugin that failed
+    (the same verdict and request; only the detail tells)."""
+    node = await RecordingNode(tmp_path, CONFIG, PLUGINS[2:3]).start()
+    for name in ("web-0", "web-1", "web-2"):
+        if name == "web-2":
+            node.rotate()
+            del node.lines[-1]["breakers"]
+        spec = pod(name)
+        await node.create(spec, sandbox_of(await node.run_pod(spec)), spec.containers[0])
+    recording = read_recording(await node.close(tmp_path / "rec.jsonl"))
+    snapshot = recording.segments[1].entries[0]
+    assert isinstance(snapshot, SyncEntry) and snapshot.breakers is None
+
+    report = await replay(recording)
+
+    assert report.differing == []
+    replayed = report.results[-1].updated
+    assert replayed is not None
+    assert _flaky(replayed)["verdict"] == "ignored"
+    assert "': unavailable: skipped: 2 consecutive" in _flaky(replayed)["detail"]
+
+
+def _flaky(call: dict[str, Any]) -> dict[str, Any]:
+    """The flaky plugin's pre stage in a call line's hooks."""
+    return next(h for h in call["hooks"] if h["hook"] == "60-flaky" and h["stage"] == "pre")
 
 
 async def test_a_changed_plugin_answer_is_a_difference_naming_call_and_field(
