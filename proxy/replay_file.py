@@ -272,6 +272,8 @@ def _breakers(path: Path, number: int, doc: Any) -> dict[str, BreakerRecord]:
         if not isinstance(record, Mapping):
             raise RecordingError(path, number, f"breaker of {name} {record!r} is not an object")
         failures = _int(path, number, record, "failures")
+        if failures < 0:
+            raise RecordingError(path, number, f"breaker of {name}: {failures} failures")
         reopens = record.get("open_until")
         if reopens is not None and (
             isinstance(reopens, bool) or not isinstance(reopens, int | float)

@@ -135,6 +135,9 @@ CORRUPT: dict[str, tuple[list[Any], bytes, int, str]] = {
     "breaker-failures": (
         [header(), _snapshot({"p": {"failures": "2"}})], b"", 2, "failures '2' is not a whole"
     ),
+    "breaker-negative": (
+        [header(), _snapshot({"p": {"failures": -1}})], b"", 2, "breaker of p: -1 failures"
+    ),
     "breaker-open-until": (
         [header(), _snapshot({"p": {"failures": 2, "open_until": True}})], b"", 2,
         "open_until True is not a time",
