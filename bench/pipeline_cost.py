@@ -106,7 +106,7 @@ class StandIn(LocalHook):
         self.kept: dict[tuple[Event, Stage], Any] = {}
         self.answers: dict[tuple[Event, Stage], Any] | None = None
 
-    async def call(self, ctx: HookContext) -> Any:  # type: ignore[override]
+    async def call(self, ctx: HookContext) -> Any:
         if self.answers is not None:
             return self.answers.get((ctx.event, ctx.stage))
         answer = await super().call(ctx)
@@ -216,19 +216,21 @@ async def main(names: list[str], calls: int, reps: int, split: bool, cold_mib: i
             continue
         added = "" if none is None or name == "hooks-none" else f"  added {value - none:+7.1f}"
         print(f"  {name:16s} {value:7.1f} µs{added}")
-    if split and none is not None:
-        print("of what each chain adds (µs):")
-        print(f"  {'':16s} {'having hooks':>12s} {'their answers':>13s} {'their work':>10s}")
-        for scenario in chosen:
-            name = scenario.name
-            if name == "hooks-none":
-                continue
-            nothing = best[(name, "nothing")] - none
-            canned = best[(name, "canned")] - none
-            whole = best[(name, "hooks")] - none
-            print(
-                f"  {name:16s} {nothing:+12.1f} {canned - nothing:+13.1f} {whole - canned:+10.1f}"
-            )
+    if not split:
+        return
+    if none is None:
+        print("--split: nothing to split without hooks-none (the figures are added over it)")
+        return
+    print("of what each chain adds (µs):")
+    print(f"  {'':16s} {'having hooks':>12s} {'their answers':>13s} {'their work':>10s}")
+    for scenario in chosen:
+        name = scenario.name
+        if name == "hooks-none":
+            continue
+        nothing = best[(name, "nothing")] - none
+        canned = best[(name, "canned")] - none
+        whole = best[(name, "hooks")] - none
+        print(f"  {name:16s} {nothing:+12.1f} {canned - nothing:+13.1f} {whole - canned:+10.1f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -100,3 +100,10 @@ def test_split_prints_the_three_parts(capsys: pytest.CaptureFixture[str]) -> Non
     assert "1 MiB read between calls" in out
     row = next(line for line in out.splitlines()[3:] if line.strip().startswith("devices"))
     assert len(row.split()) == 4, row  # the name and three figures
+
+
+def test_split_without_hooks_none_says_why_it_has_nothing_to_split(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    asyncio.run(main(["devices"], calls=20, reps=1, split=True, cold_mib=0))
+    assert "nothing to split without hooks-none" in capsys.readouterr().out
