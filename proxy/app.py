@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
@@ -66,7 +65,7 @@ from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory
 from crihook.proxy.record import Recorder, device_pool_facts
-from crihook.proxy.record_format import header_line, plugins_line, sync_line
+from crihook.proxy.record_format import header_line, plugins_line, snapshot_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
@@ -221,18 +220,8 @@ class App:
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
-        """What a rotated file starts from: the pods, containers, hook states and open
-        breakers now (taken while no call is in flight)."""
         assert self.recorder is not None
-        pods, containers = self.store.snapshot()
-        hook_states = json.loads(json.dumps(self.store.hook_states()))
-        states = self.store.container_states()
-        redactor = self.recorder.redactor
-        now = time.time()
-        return sync_line(
-            "snapshot", seq, now, "rotate", pods, containers, states, hook_states, [], [],
-            redactor, self.chain.breakers(now),
-        )  # fmt: skip
+        return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None

@@ -35,7 +35,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from google.protobuf.message import DecodeError, Message
 
@@ -52,7 +52,7 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
-from crihook.proxy.chain import BreakerRecord
+from crihook.proxy.chain import BreakerRecord, Chain
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.merge import from_jsonable, jsonable
@@ -61,6 +61,9 @@ from crihook.proxy.observe import Observation
 from crihook.proxy.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
 from crihook.proxy.redact import REDACTED, Redactor
 from crihook.proxy.render import changes, render
+
+if TYPE_CHECKING:  # the renderer process imports this module: not the store for a type
+    from crihook.proxy.store import Store
 
 __all__ = [
     "FORMAT",
@@ -371,6 +374,19 @@ def sync_line(
     if breakers is not None:
         doc["breakers"] = {name: record._asdict() for name, record in breakers.items()}
     return doc
+
+
+def snapshot_line(
+    seq: int, time: float, store: Store, chain: Chain, redactor: Redactor
+) -> dict[str, Any]:
+    """What a rotated file starts from (taken while no call is in flight): the pods,
+    containers and hook states now, and the breakers that had counted failures."""
+    pods, containers = store.snapshot()
+    hook_states = json.loads(json.dumps(store.hook_states()))  # a copy, frozen as it is now
+    return sync_line(
+        "snapshot", seq, time, "rotate", pods, containers, store.container_states(),
+        hook_states, [], [], redactor, chain.breakers(time),
+    )  # fmt: skip
 
 
 def view_docs(

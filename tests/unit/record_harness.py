@@ -30,6 +30,7 @@ from crihook.proxy.record_format import (
     encode_line,
     header_line,
     plugins_line,
+    snapshot_line,
     sync_line,
 )
 from crihook.proxy.redact import Redactor
@@ -148,18 +149,12 @@ class RecordingNode:
         self.lines.append(line)
 
     def rotate(self) -> None:
-        """The file is rotated here: a new part starts, from a header and a snapshot (as
-        crihook's own, with the breakers that counted failures)."""
+        """The file is rotated here: a new part starts, from a header and crihook's snapshot."""
         now = time.time()
         plugins = [h for h, _ in self._plugins]
         self.lines.append(header_line(self.settings, TOPOLOGY, [], [], now, True, plugins))
-        pods, containers = self.store.snapshot()
-        line = sync_line(
-            "snapshot", self.pipeline.next_seq(), now, "rotate", pods, containers,
-            self.store.container_states(), self.store.hook_states(), [], [], self.redactor,
-            self.chain.breakers(now),
-        )  # fmt: skip
-        self.lines.append(line)
+        seq = self.pipeline.next_seq()
+        self.lines.append(snapshot_line(seq, now, self.store, self.chain, self.redactor))
 
     def _call(self, outcome: Outcome) -> None:
         self.lines.append(call_line(outcome, self.redactor))
