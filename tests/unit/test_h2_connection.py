@@ -469,3 +469,14 @@ def test_the_decoder_refuses_bad_indexes_and_oversized_lists() -> None:
         BlockDecoder(1 << 20).decode(b"\xff\x70")  # an index far past both tables
     with pytest.raises(hpack.HPACKError):
         BlockDecoder(100).decode(hpack.Encoder().encode([("a", "b" * 200)]))
+
+
+def test_the_decoder_refuses_a_table_size_update_after_a_field() -> None:
+    """RFC 7541 §4.2: a size update comes first in its block (found by the differential
+    fuzz target, tests/fuzz: crihook decoded the block, the `hpack` package refused it)."""
+    indexed_method = b"\x83"  # :method POST
+    update = b"\x25"  # a dynamic table size update to 5
+    with pytest.raises(hpack.HPACKError):
+        BlockDecoder(1 << 20).decode(indexed_method + update)
+    assert BlockDecoder(1 << 20).decode(update + update + indexed_method) == [(":method", "POST")]
+
