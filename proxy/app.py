@@ -69,6 +69,7 @@ from crihook.proxy.record_format import header_line, plugins_line, snapshot_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
+from crihook.proxy.state_dir import secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
@@ -375,6 +376,7 @@ class App:
 
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
+        secure_state_dir(settings.state_dir)  # before anything is read from it or written
         self.store.load()
         self.build_hooks()
         metrics_server = None

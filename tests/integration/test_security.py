@@ -262,3 +262,74 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
     finally:
         plugin.kill()
         plugin.wait()
+
+
+# --- the state directory and the recording are root's alone ----------------------------------
+
+
+def _modes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root.parent)): oct(p.lstat().st_mode & 0o777)
+        for p in [root, *root.rglob("*")]
+        if not p.name.startswith(".")
+    }
+
+
+def test_the_state_directory_and_the_recording_are_root_s_alone(
+    runtime: MemoryRuntime,
+) -> None:
+    """store.json carries pods' annotations as kubelet sent them (tokens, passwords): the
+    state directory is 0700 and each file in it 0600, whatever the umask; a state directory
+    an older crihook left readable is fixed at start, and so is a recording file."""
+    workdir = short_tmpdir("st-")
+    record = workdir / "calls" / "record.jsonl"
+    proc = CrihookProcess(
+        runtime.endpoint, workdir=workdir, hooks="cpuset", args=["--record", str(record)]
+    )
+    state = proc.state_dir
+    (state / "hooks").mkdir(parents=True)
+    (state / "store.json").write_text('{"version": 1, "pods": {}, "containers": {}}')
+    (state / "hooks" / "20-cpuset.json").write_text("{}")
+    record.parent.mkdir()
+    record.write_text("")
+    elsewhere = workdir / "not-state.txt"
+    elsewhere.write_text("x")
+    for path in (state, state / "hooks", record.parent):
+        path.chmod(0o755)
+    for path in (state / "store.json", state / "hooks" / "20-cpuset.json", record, elsewhere):
+        path.chmod(0o644)
+    (state / "link").symlink_to(elsewhere)  # never followed
+    previous = os.umask(0)  # crihook inherits it: nothing may rely on a umask
+    try:
+        proc.start()
+    finally:
+        os.umask(previous)
+    spec = PodSpec(
+        "p", containers=[burstable("app")], annotations={"example.com/api-token": "s3cr3t"}
+    )
+    with grpc.insecure_channel(proc.endpoint) as channel:
+        run = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+        create = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+        sandbox = sandbox_config(spec)
+        answer = run(api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=60)
+        sid = api_pb2.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
+        config = container_config(spec, spec.containers[0], node_memory=1 << 34)
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=sid, config=config, sandbox_config=sandbox
+        )
+        create(request.SerializeToString(), timeout=60)
+    wait_for(
+        lambda: "s3cr3t" in (state / "store.json").read_text() and (state / "status.json").exists(),
+        60,
+        "the pod in store.json, and status.json",
+    )
+    assert proc.stop() == 0
+    modes = _modes(state)
+    assert {"state/store.json", "state/status.json", "state/hooks/20-cpuset.json"} <= set(modes)
+    expected = {name: "0o700" if (workdir / name).is_dir() else "0o600" for name in modes}
+    expected["state/link"] = "0o777"  # a symlink's own mode; what it names is left alone
+    assert modes == expected
+    assert oct(elsewhere.stat().st_mode & 0o777) == "0o644"
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    assert record.stat().st_size > 0
+    assert "made root's alone" in proc.log()
