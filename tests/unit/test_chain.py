@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
@@ -331,6 +332,27 @@ async def test_timeout_with_fail_policy_raises_hook_timeout_and_cancels_the_hook
     assert "10-slow" in str(info.value)
     assert cancelled == [True]
     assert entry.counters["failures"] == 1
+    # Its own timeout, with kubelet's deadline far off: not DEADLINE_EXCEEDED, which would
+    # say kubelet's deadline passed.
+    assert info.value.status == grpc.StatusCode.UNAVAILABLE
+    assert "within 20 ms" in str(info.value)
+
+
+async def test_a_hook_timing_out_on_what_is_left_of_kubelets_deadline_is_deadline_exceeded() -> (
+    None
+):
+    calls: list[str] = []
+    entry = make_entry(Probe("10-slow", calls, sleep_long), "10-slow", timeout_ms=60_000)
+    chain = make_chain([entry])
+    with pytest.raises(HookTimeout) as info:
+        await run_create(chain, deadline=time.monotonic() + 0.1)
+    assert info.value.status == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "what was left of kubelet's deadline" in str(info.value)
+    # Far off, the hook's own timeout decides, and says so.
+    short = make_chain([make_entry(Probe("10-s", calls, sleep_long), "10-s", timeout_ms=30)])
+    with pytest.raises(HookTimeout) as info:
+        await run_create(short, deadline=time.monotonic() + 120)
+    assert info.value.status == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_timeout_with_ignore_policy_is_skipped_and_counted() -> None:
