@@ -69,7 +69,7 @@ from crihook.proxy.record_format import header_line, plugins_line, snapshot_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
-from crihook.proxy.state_dir import secure_state_dir
+from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
@@ -377,6 +377,7 @@ class App:
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
         secure_state_dir(settings.state_dir)  # before anything is read from it or written
+        state_lock = hold_state_dir(settings.state_dir)  # held until the process ends
         self.store.load()
         self.build_hooks()
         metrics_server = None
@@ -448,6 +449,7 @@ class App:
             if self.recorder is not None:
                 await self.recorder.close()
             await self.store.close()
+            state_lock.close()  # the store wrote its last: `crihook state` says "stopped"
             await self.runtime.close()
             if metrics_server is not None:
                 await metrics_server.close()

@@ -3,6 +3,7 @@
     CrihookError                      base; never raised itself
     ├── ConfigError                   a bad setting or flag; exit 2 at start
     ├── SocketInUseError              the listen socket is served by a live process
+    ├── StateDirInUseError            another live crihook holds the state directory
     ├── RuntimeUnavailable            the runtime cannot be reached (UNAVAILABLE)
     ├── StateWriteError               crihook cannot persist what a hook reserved, so the call is
     │                                 not forwarded (RESOURCE_EXHAUSTED: disk full or quota;
@@ -50,6 +51,7 @@ __all__ = [
     "HookUnavailable",
     "RuntimeUnavailable",
     "SocketInUseError",
+    "StateDirInUseError",
     "StateWriteError",
 ]
 
@@ -71,6 +73,11 @@ class ConfigError(CrihookError):
 
 class SocketInUseError(CrihookError):
     """Another live process already serves on the listen socket."""
+
+
+class StateDirInUseError(CrihookError):
+    """Another live crihook holds the state directory (proxy/state_dir.py): two would
+    overwrite each other's store and hook states."""
 
 
 class RuntimeUnavailable(CrihookError):

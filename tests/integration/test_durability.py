@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.state_cli import STALE_SECONDS
 from crihook.proxy.store import Store
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
@@ -158,9 +160,6 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
         direct.close()
 
 
-# --- limits on kubelet's socket ---------------------------------------------------------------
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeRuntime]:
     runtime = FakeRuntime(short_tmpdir("fr-") / "rt.sock").start()
@@ -169,6 +168,47 @@ def fake() -> Iterator[FakeRuntime]:
     finally:
         runtime.stop()
         shutil.rmtree(runtime.socket_path.parent, ignore_errors=True)
+
+
+def _state(proc: CrihookProcess) -> dict[str, Any]:
+    shown = subprocess.run(
+        [sys.executable, "-m", "crihook", "state", "--state-dir", str(proc.state_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    doc: dict[str, Any] = json.loads(shown.stdout)
+    return doc
+
+
+def test_crihook_state_says_running_while_a_full_disk_keeps_its_status_unwritten(
+    fake: FakeRuntime, workdir: Path, disk: SmallDisk
+) -> None:
+    """status.json is rewritten every second; on a full disk it is not, and goes stale. Yet
+    crihook runs, and `crihook state` says so (from the lock it holds), with its pid."""
+    proc = CrihookProcess(fake.endpoint, workdir=workdir).start()
+    try:
+        assert proc.proc is not None
+        wait_for(lambda: _status(disk.path), 60, "the first status.json")
+        disk.fill()
+        wait_for(
+            lambda: f"cannot write {disk.path / 'status.json'}: [Errno 28]" in proc.log(),
+            60,
+            "the status write to fail",
+        )
+        written = _status(disk.path)["updated_at"]
+        stale = STALE_SECONDS + 1
+        wait_for(lambda: time.time() - written > stale, stale + 60, "the status to go stale")
+        doc = _state(proc)
+        assert (doc["running"], doc["process"]) == (True, {"pid": proc.proc.pid})
+        assert proc.stop() == 0
+        assert (_state(proc)["running"], _state(proc)["process"]) == (False, {"pid": None})
+    finally:
+        proc.kill()
+
+
+# --- limits on kubelet's socket ---------------------------------------------------------------
 
 
 def _length_delimited(number: int, size: int) -> bytes:
