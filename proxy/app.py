@@ -63,7 +63,7 @@ from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
-from crihook.proxy.plugins import PluginDirectory
+from crihook.proxy.plugins import PluginDirectory, crihook_sockets
 from crihook.proxy.record import Recorder, device_pool_facts
 from crihook.proxy.record_format import header_line, plugins_line, snapshot_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
@@ -145,6 +145,7 @@ class App:
                     self.readiness,
                     lambda: self.pipeline.updater.failures,
                     lambda: self.sync.failures,
+                    lambda: {d.value: n for d, n in self.plugins.refusals.items()},
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
@@ -167,6 +168,7 @@ class App:
             builtin,
             on_sync_updates=self._plugin_sync_updates,
             on_change=self._record_plugins if self.recorder is not None else None,
+            sockets=crihook_sockets(settings),
         )
         self.store.status_provider = self.status
         self.started_at = time.time()

@@ -34,6 +34,7 @@ from crihook.hooks.spec import Forbidden, InvalidRequest
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
+from tests.lab.metrics_scrape import scrape, value
 from tests.unit.hook_harness import SMALL, Node, burstable, topology_of
 
 NOBODY = 65534
@@ -333,3 +334,57 @@ def test_the_state_directory_and_the_recording_are_root_s_alone(
     assert oct(record.stat().st_mode & 0o777) == "0o600"
     assert record.stat().st_size > 0
     assert "made root's alone" in proc.log()
+
+
+# --- drop-ins: only what root could have written -----------------------------------------------
+
+
+def test_a_users_drop_in_in_a_world_writable_plugins_dir_cannot_fail_every_call(
+    runtime: MemoryRuntime,
+) -> None:
+    """The probe of issue 28: with the plugins directory made world-writable, a user's
+    drop-in with `failure_policy = "fail"` (its plugin never answers) made every RunPodSandbox
+    fail; a second one pointed at the runtime's own socket. Now the directory is refused
+    whole, then (fixed) the user's own file is refused: each refusal a log line naming the
+    file and the reason, and counted; kubelet's calls go on."""
+    workdir = short_tmpdir("dd-")
+    metrics = f"unix://{workdir / 'metrics.sock'}"
+    proc = CrihookProcess(runtime.endpoint, workdir=workdir, args=["--metrics-listen", metrics])
+    proc.plugins_dir.chmod(0o777)  # the misconfiguration
+    user = proc.plugins_dir / "10-user.toml"
+    user.write_text(
+        f'name = "10-evil"\nendpoint = "unix://{workdir}/nothing.sock"\nfailure_policy = "fail"\n'
+    )
+    os.chown(user, NOBODY, NOBODY)
+    runtime_socket = runtime.endpoint.removeprefix("unix://")
+    (proc.plugins_dir / "20-runtime.toml").write_text(
+        f'name = "20-runtime"\nendpoint = "unix://{runtime_socket}"\nfailure_policy = "fail"\n'
+    )
+    proc.start()
+    spec = PodSpec("p", containers=[burstable("app")])
+
+    def run_pod() -> None:
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            run = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+            request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
+            run(request.SerializeToString(), timeout=60)
+
+    wait_for(lambda: "plugins directory refused" in proc.log(), 60, "the directory refused")
+    run_pod()
+    assert (
+        f"plugins directory refused: {proc.plugins_dir}: the directory is writable by others"
+        in (proc.log())
+    )
+    proc.plugins_dir.chmod(0o755)  # fixed: now each file is judged
+    wait_for(lambda: "plugin drop-in refused" in proc.log(), 60, "the user's drop-in refused")
+    wait_for(lambda: "20-runtime.toml endpoint" in proc.log(), 60, "the runtime's socket refused")
+    run_pod()
+    log = proc.log()
+    assert f"plugin drop-in refused: {user}: it is owned by uid {NOBODY}, not uid 0" in log
+    assert "is the runtime's socket, not a plugin's" in log
+    assert "10-evil" not in log.split("plugin drop-in refused")[0]  # never loaded
+    samples = scrape(metrics)
+    refused = "crihook_plugin_dropins_refused_total"
+    assert value(samples, refused, reason="directory") == 1
+    assert value(samples, refused, reason="owner") == 1
+    assert proc.stop() == 0
