@@ -41,6 +41,7 @@ from crihook.hooks.node import (
     TopologyError,
 )
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
+from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy import sdnotify
 from crihook.proxy.call_log import CallLog
 from crihook.proxy.chain import Chain
@@ -101,7 +102,14 @@ class App:
         self.store = Store(settings.state_dir)
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
-        self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness, placement)
+        self.pipeline = Pipeline(
+            self.runtime,
+            self.chain,
+            self.store,
+            self.readiness,
+            placement,
+            node_hugepage_sizes(self.node),
+        )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
