@@ -681,3 +681,43 @@ def test_a_compressed_intercepted_request_is_unimplemented(proxy: CrihookProcess
         assert ("grpc-status", "12") in last.headers
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("data_path", ["h2", "grpc"])
+@pytest.mark.parametrize(
+    "method", ["CreateContainer", "ListContainers"], ids=["intercepted", "relayed"]
+)
+def test_a_deadline_runs_from_the_headers_whether_the_body_comes_or_not(
+    fake: FakeRuntime, method: str, data_path: str
+) -> None:
+    """HEADERS with `grpc-timeout: 1S` and no DATA, ever: DEADLINE_EXCEEDED once the second
+    is over, as grpc answers it (issue 28: an intercepted call's timer started only once its
+    body was complete, so this stream got no answer at all). Nothing reaches the runtime."""
+    proxy = CrihookProcess(fake.endpoint, data_path=data_path).start()
+    seen = len(fake.received)
+    peer = RawPeer(str(proxy.socket_path))
+    try:
+        sid = peer.h2.open_stream()
+        peer.h2.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", RUNTIME + method),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("grpc-timeout", "1S"),
+            ],
+        )
+        peer.send()
+        peer.read_until(lambda: peer.ended(sid), timeout=120)  # a loaded machine is slow
+        ends = [e for e in peer.events if isinstance(e, Headers) and e.stream_id == sid]
+        assert ends and ("grpc-status", str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])) in (
+            ends[-1].headers
+        )
+    finally:
+        peer.close()
+    if method == "CreateContainer":
+        assert [r.method for r in fake.received[seen:]] == []
+    assert proxy.stop() == 0
