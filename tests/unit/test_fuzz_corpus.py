@@ -1,8 +1,8 @@
 """The corpus the fuzz targets grew (tests/fuzz/corpus/<target>/, by bench/fuzz.py with
 atheris), replayed through the same targets without atheris: every input that once found new
 code must still pass the target's checks (HTTP/2 frames and connection state, HPACK against
-the `hpack` package, gRPC message framing). An input that found a bug stays in the corpus,
-so its fix stays tested."""
+the `hpack` package, gRPC message framing). The inputs that found a bug are kept apart, in
+tests/fuzz/findings/<target>/, named for what they found: a merge never drops them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 from tests.fuzz.seeds import seeds
 from tests.fuzz.targets import TARGETS
 
-CORPUS = Path(__file__).resolve().parent.parent / "fuzz" / "corpus"
+FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
+CORPUS = FUZZ / "corpus"
+FINDINGS = FUZZ / "findings"
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -34,3 +36,12 @@ def test_the_seeds_pass_their_target(target: str) -> None:
     """The seeds are ordinary traffic: a target that refuses them checks the wrong thing."""
     for data in seeds()[target]:
         TARGETS[target](data)
+
+
+@pytest.mark.parametrize(
+    "finding",
+    sorted(FINDINGS.glob("*/*")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_what_the_fuzzers_found_stays_fixed(finding: Path) -> None:
+    TARGETS[finding.parent.name](finding.read_bytes())
