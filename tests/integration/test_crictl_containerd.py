@@ -31,7 +31,7 @@ import pytest
 from tests.lab import cgroups, demo, peers
 from tests.lab.containerd import Containerd
 from tests.lab.crictl import Crictl, Result, json_stream, scrub, scrub_json, shape
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.images import BUSYBOX_REF
 
@@ -139,7 +139,9 @@ def crictl_session(crictl: Crictl, configs: Configs) -> Transcript:
     t.step(crictl, "start", ctr)
     # The container writes two lines as it starts: wait for them before `logs` is compared.
     wait_for(
-        lambda: "hello-from-crictl" in crictl.run("logs", ctr).stdout, 30, "the container's log"
+        lambda: "hello-from-crictl" in crictl.run("logs", ctr).stdout,
+        PATIENCE,
+        "the container's log",
     )
     t.step(crictl, "inspectp", "-o", "json", pod)
     t.step(crictl, "inspect", "-o", "json", ctr)
@@ -371,7 +373,9 @@ def test_crictl_events_through_crihook_as_directly(
         crictl.ok("stopp", pod)
         crictl.ok("rmp", pod)
         for w in watchers.values():
-            wait_for(lambda w=w: w.saw(pod, "CONTAINER_DELETED_EVENT"), 30, "the pod's removal")
+            wait_for(
+                lambda w=w: w.saw(pod, "CONTAINER_DELETED_EVENT"), PATIENCE, "the pod's removal"
+            )
         ends = {way: w.stop() for way, w in watchers.items()}
     finally:
         for w in watchers.values():

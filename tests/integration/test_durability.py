@@ -30,7 +30,7 @@ from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.state_cli import STALE_SECONDS
 from crihook.proxy.store import Store
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
@@ -102,11 +102,13 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
     try:
         with KubeletClient(first.endpoint, log_root=containerd.pod_log_dir) as via:
             before = via.run_pod(burstable_pod("before-full"))
-            wait_for(lambda: _matches(state, direct), 10, "store.json to have the first pod")
+            wait_for(lambda: _matches(state, direct), PATIENCE, "store.json to have the first pod")
 
             disk.fill()
             during = via.run_pod(burstable_pod("while-full"))  # Run, Create, Start: all OK
-            wait_for(lambda: _store_errors(first.log()), 10, f"the failed write\n{first.log()}")
+            wait_for(
+                lambda: _store_errors(first.log()), PATIENCE, f"the failed write\n{first.log()}"
+            )
             via.remove_pod(before)  # Stop and Remove too, with the store degraded
             assert {p.id for p in via.list_pods()} >= {during.sandbox_id}
         assert disk.temp_files() == []
@@ -130,13 +132,13 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
         assert "serving with the state not written" in second.log()
 
         disk.free()
-        wait_for(lambda: _matches(state, direct), 15, "store.json to match containerd again")
+        wait_for(lambda: _matches(state, direct), PATIENCE, "store.json to match containerd again")
         wait_for(
             lambda: (
                 (_status(state).get("store") or {}).get("write_failures", 0) > 0
                 and _status(state)["store"]["degraded"] is None
             ),
-            10,
+            PATIENCE,
             "status.json to show the store recovered",
         )
         assert disk.temp_files() == []
@@ -422,9 +424,9 @@ def test_the_status_writer_survives_its_errors_and_sigterm_exits_0(
     status.mkdir(parents=True)
     proc = CrihookProcess(fake.endpoint, workdir=workdir).start()
     try:
-        wait_for(lambda: "status.json" in proc.log(), 10, "the status write to fail")
+        wait_for(lambda: "status.json" in proc.log(), PATIENCE, "the status write to fail")
         status.rmdir()
-        wait_for(status.is_file, 10, "the status writer to write it after all")
+        wait_for(status.is_file, PATIENCE, "the status writer to write it after all")
         assert json.loads(status.read_bytes())["ready"] is True
         assert proc.stop() == 0
         log = proc.log()

@@ -23,7 +23,7 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 from tests.lab.kubelet_encoding import pod_log_directory, qos_class
@@ -136,7 +136,7 @@ def hook_state(proc: CrihookProcess, name: str) -> dict[str, Any]:
         doc = proc.hook_state(name)
         return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
 
-    wait_for(settled, 5, f"{name}'s state written")
+    wait_for(settled, PATIENCE, f"{name}'s state written")
     return proc.hook_state(name)
 
 
@@ -149,7 +149,7 @@ def state_when(
 ) -> dict[str, Any]:
     """A hook's state file once `predicate` holds: changes of the post stage (a container's
     CPUs given back) are written behind the answer, a fraction of a second later."""
-    wait_for(lambda: predicate(raw_hook_state(proc, name)), 5, f"{name}'s state: {what}")
+    wait_for(lambda: predicate(raw_hook_state(proc, name)), PATIENCE, f"{name}'s state: {what}")
     return raw_hook_state(proc, name)
 
 
@@ -195,7 +195,7 @@ def create_container(
     container = spec.containers[0]
     if image_ref is None:
         image_ref = kubelet.images.ImageStatus(
-            api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=container.image)), timeout=10
+            api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=container.image)), timeout=60
         ).image.id
         assert image_ref, "the lab image is present"
     config = kubelet.container_config(spec, container, image_ref=image_ref)

@@ -31,7 +31,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.devices import DevicesHook
 from crihook.hooks.spec import Forbidden, InvalidRequest
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.metrics_scrape import scrape, value
@@ -226,7 +226,7 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
     plugin = subprocess.Popen([sys.executable, str(script), str(sock)], stdout=log, stderr=log)
     log.close()
     try:
-        wait_for(sock.exists, 15, "the hostile plugin's socket")
+        wait_for(sock.exists, PATIENCE, "the hostile plugin's socket")
         proc = CrihookProcess(runtime.endpoint)
         (proc.plugins_dir / "hostile.toml").write_text(
             f'name = "50-hostile"\nendpoint = "unix://{sock}"\nfailure_policy = "ignore"\n'
@@ -239,14 +239,14 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
             create = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")
             sandbox = sandbox_config(spec)
             answer = run(
-                api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=10
+                api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=60
             )
             sid = api_pb2.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
             config = container_config(spec, spec.containers[0], node_memory=1 << 34)
             request = api_pb2.CreateContainerRequest(
                 pod_sandbox_id=sid, config=config, sandbox_config=sandbox
             )
-            create(request.SerializeToString(), timeout=10)
+            create(request.SerializeToString(), timeout=60)
         # The plugin was heard: its labels reached the runtime, its updates were sent.
         (created,) = runtime.containers.values()
         assert created.config.labels[".."] == ".."
@@ -255,7 +255,7 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
             for r in runtime.calls("UpdateContainerResources")
         }
         assert {"..", "a/../../b", f"../../{target}"} <= updated
-        wait_for(lambda: "50-hostile" in proc.log(), 10, "the plugin in the chain")
+        wait_for(lambda: "50-hostile" in proc.log(), PATIENCE, "the plugin in the chain")
         proc.stop()
         assert _files(outside) == set(), "crihook wrote outside its state directory"
         assert _files(proc.state_dir) <= {"store.json", "status.json", "hooks", "crihook.lock"}

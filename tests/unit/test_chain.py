@@ -400,16 +400,14 @@ async def test_a_hook_that_waits_is_resumed_with_what_it_awaited() -> None:
 async def test_a_hook_that_blocks_before_it_waits_still_times_out() -> None:
     async def busy_then_wait(ctx: HookContext) -> None:
         time.sleep(0.05)  # blocking on purpose: the budget (20 ms) is gone before it waits
-        await asyncio.sleep(5)
+        await asyncio.sleep(3600)  # never over, unless the chain's budget ends it
 
     calls: list[str] = []
     chain = make_chain(
         [make_entry(Probe("10-busy", calls, busy_then_wait), "10-busy", timeout_ms=20)]
     )
-    started = time.monotonic()
     with pytest.raises(HookTimeout):
         await run_create(chain)
-    assert time.monotonic() - started < 2.5
 
 
 async def test_cancelling_the_call_cancels_a_waiting_hook_without_a_verdict() -> None:
