@@ -186,9 +186,17 @@ def normalized(t: Transcript, subnet: str) -> list[Row]:
     return rows
 
 
+# Rates containerd computes from two of its own samples: present or not by when its sampler
+# last ran (on a loaded machine, once one way and not the other), whoever relays the answer.
+SAMPLED_RATES = {"cpu": ("usageNanoCores",)}
+
+
 def _stats_shape(doc: object) -> object:
     assert isinstance(doc, dict)
     for entry in doc["stats"]:
+        for key, rates in SAMPLED_RATES.items():
+            for rate in rates:
+                entry.get(key, {}).pop(rate, None)
         for key in USAGE_KEYS:
             if key in entry:
                 entry[key] = shape(entry[key])
