@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         _out(f"runtime  {lab.endpoint}")
         _out(f"log      {crihook.log_path}")
         _out(f"state    {crihook.state_dir}")
-        last = Demo(lab, crihook, workdir).run()
+        with (
+            KubeletClient(crihook.endpoint, log_root=lab.pod_log_dir) as kubelet,
+            KubeletClient(lab.endpoint) as direct,
+        ):
+            last = Demo(crihook, workdir, kubelet, direct).run()
         if not args.no_wait:
             _serve(crihook, last)
         return 0
@@ -181,26 +185,30 @@ class Running:
 
 
 class Demo:
-    def __init__(self, lab: Containerd, crihook: CrihookProcess, workdir: Path) -> None:
-        self.lab = lab
+    """The steps: `kubelet` calls through crihook, `direct` asks containerd itself."""
+
+    def __init__(
+        self,
+        crihook: CrihookProcess,
+        workdir: Path,
+        kubelet: KubeletClient,
+        direct: KubeletClient,
+    ) -> None:
         self.crihook = crihook
         self.workdir = workdir
+        self.kubelet = kubelet
+        self.direct = direct
         self.online = Topology.from_sysfs("/sys").online
         self.pods: dict[str, Running] = {}
         self.colour = use_colour(sys.stdout)
 
     def run(self) -> str:
         """The five steps; the id of a container still running, for the crictl hint."""
-        with (
-            KubeletClient(self.crihook.endpoint, log_root=self.lab.pod_log_dir) as kubelet,
-            KubeletClient(self.lab.endpoint) as direct,
-        ):
-            self.kubelet, self.direct = kubelet, direct
-            self._besteffort()
-            self._guaranteed()
-            self._burstable_with_devices()
-            self._refused()
-            self._guaranteed_leaves()
+        self._besteffort()
+        self._guaranteed()
+        self._burstable_with_devices()
+        self._refused()
+        self._guaranteed_leaves()
         return self.pods["batch"].container_id
 
     def _besteffort(self) -> None:
