@@ -30,10 +30,10 @@ def show_map(state_dir: Path, as_json: bool, out: TextIO) -> int:
     if as_json:
         print(json.dumps(cpu_map.to_json(), indent=2, sort_keys=True), file=out)
         return 0
-    colour = use_colour(out)
-    # As wide as the terminal allows, never wider than the layout is made for.
+    # On a terminal as wide as it is, never wider than the layout is made for; piped, 100.
     width = DEFAULT_WIDTH
-    if colour:
-        width = max(60, min(DEFAULT_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns))
-    print(render_map(cpu_map, width=width, colour=colour), file=out)
+    if out.isatty():
+        columns = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+        width = max(60, min(DEFAULT_WIDTH, columns))
+    print(render_map(cpu_map, width=width, colour=use_colour(out)), file=out)
     return 0

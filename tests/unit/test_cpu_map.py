@@ -22,6 +22,7 @@ from crihook.hooks.devices.pools import Allocation
 from crihook.hooks.node import Topology, format_cpu_list
 from crihook.proxy.cli import main
 from crihook.proxy.cpu_map import MORE, CpuMap, MapError, build_map, load_map
+from crihook.proxy.cpu_map_cli import show_map
 from crihook.proxy.cpu_map_text import render_map, use_colour
 from tests.lab.map_reading import drawn
 from tests.lab.sysfs import (
@@ -384,6 +385,26 @@ class Tty(io.StringIO):
 )
 def test_colour_only_on_a_terminal(stream: io.StringIO, env: dict[str, str], colour: bool) -> None:
     assert use_colour(stream, env) is colour
+
+
+def test_the_command_colours_a_terminal_unless_no_color(
+    trees: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topo, node = busy_epyc(trees)
+    state = tmp_path / "state"
+    (state / "hooks").mkdir(parents=True)
+    (state / "node.json").write_text(json.dumps(node_doc(topo, "0,128")))
+    (state / "hooks" / "cpuset.json").write_text(json.dumps(node.state()["hook_states"]["cpuset"]))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    terminal = Tty()
+    assert show_map(state, False, terminal) == 0
+    assert "\x1b[" in terminal.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = Tty()
+    assert show_map(state, False, plain) == 0
+    assert "\x1b[" not in plain.getvalue()
+    assert plain.getvalue() == ANSI.sub("", terminal.getvalue())
 
 
 def test_colour_changes_no_character(trees: Path) -> None:
