@@ -37,7 +37,7 @@ from crihook.hooks.spec import (
 from crihook.hooks.spec.views import (
     container_view_from_config,
     pod_view_from_config,
-    resources_view,
+    resources_updated,
 )
 from crihook.proxy.merge import apply_change
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
@@ -486,8 +486,9 @@ class Node:
                 apply_change(event, request, key, value)
         response = api_pb2.UpdateContainerResourcesResponse()
         post = await self.stage(event, Stage.POST, pod, view, request, response)
+        # What crihook's store keeps: the update applied as containerd applies it.
         self.containers[cid] = replace(
-            view, resources=resources_view(request.linux, view.resources.qos_class)
+            view, resources=resources_updated(view.resources, request.linux)
         )
         if pre is not None:
             self._apply_updates(pre.updates)
