@@ -101,6 +101,10 @@ class RuntimeView:
         info = api_pb2.PodSandboxStatusResponse.FromString(raw).info
         return netns_from_verbose_info(info)
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        linux = await self.resources(container_id)
+        return None if linux is None else linux.oom_score_adj
+
     async def resources(self, container_id: str) -> api_pb2.LinuxContainerResources | None:
         """What the runtime reports the container runs with now, if it says."""
         request = api_pb2.ContainerStatusRequest(container_id=container_id)
@@ -172,9 +176,13 @@ class Synchronizer:
                 continue  # gone meanwhile: the next reconcile drops it
             if linux is None:
                 continue
-            res = resources_view(linux, record.view.resources.qos_class)
-            if res != record.view.resources:
-                differed += 1
+            recorded = record.view.resources
+            res = resources_view(linux, recorded.qos_class)
+            if res != recorded:
+                # The runtime reports the score it applied at creation, which containerd may
+                # have raised (restrict_oom_score_adj); nothing changes it after: no drift.
+                if replace(res, oom_score_adj=recorded.oom_score_adj) != recorded:
+                    differed += 1
                 record.view = replace(record.view, resources=res)
                 self.store.put_container(record)
         return differed

@@ -78,6 +78,12 @@ class RuntimeQueries(Protocol):
         None for a pod on the host's network."""
         ...
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        """The oom_score_adj the runtime gave a container when it created it (ContainerStatus;
+        containerd with `restrict_oom_score_adj` raises a score below its own to its own);
+        None when the runtime does not say."""
+        ...
+
 
 @dataclass(frozen=True)
 class SyncContext:

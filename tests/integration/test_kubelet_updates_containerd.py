@@ -1,0 +1,199 @@
+"""What a real kubelet's (and crictl's) later calls leave as they were, through crihook in front
+of the lab's containerd, checked against the same pods run on containerd directly.
+
+Found by a trial run of kubelet v1.37.2 through crihook (issue 26):
+
+- kubelet's static CPU manager sends UpdateContainerResources with only a cpuset, and
+  `crictl update --cpu-share 4` only the shares: every other number reads 0, "unset" to
+  containerd. The oom hook read the 0 as a score and wrote it to the processes (a BestEffort
+  container went from 1000 to 0); the store took the 0s as the container's resources.
+- containerd with restrict_oom_score_adj (the lab's, as this VM lacks CAP_SYS_RESOURCE)
+  raises a Guaranteed container's -997 to its own score. The oom hook recorded -997, and a
+  restarted crihook found the container "with other resources than recorded".
+
+The reference is containerd itself: the same pods, started by the same kubelet-like client on
+containerd's own socket, get the same scores, and the same updates change nothing there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crihook.api.cri.v1 import api_pb2
+from tests.lab.containerd import Containerd
+from tests.lab.crictl import Crictl
+from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.fixtures import PodCleanup
+from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec
+from tests.lab.kubelet_encoding import cpu_manager_update, resize_update
+
+pytestmark = pytest.mark.both_containerds
+
+MiB = 1024 * 1024
+HOOKS = "cpuset,numa,oom"
+CONFIG = '[hooks.cpuset]\nreserved_cpus = "0"\n'  # kubelet's static policy needs one reserved
+
+Start = Callable[[str], CrihookProcess]
+
+
+@pytest.fixture
+def start_crihook(containerd: Containerd) -> Iterator[Start]:
+    """`crihook serve --hooks cpuset,numa,oom` with the config given; killed and its workdir
+    removed at teardown."""
+    procs: list[CrihookProcess] = []
+
+    def start(config: str) -> CrihookProcess:
+        proc = CrihookProcess(
+            containerd.endpoint, workdir=short_tmpdir("ku-"), config=config, hooks=HOOKS
+        )
+        procs.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        shutil.rmtree(proc.workdir, ignore_errors=True)
+
+
+# The three QoS classes kubelet encodes, one container each.
+PODS = {
+    "besteffort": [ContainerSpec(name="app")],
+    "burstable": [
+        ContainerSpec(
+            name="app",
+            cpu_request=250,
+            cpu_limit=500,
+            memory_request=32 * MiB,
+            memory_limit=64 * MiB,
+        )
+    ],
+    "guaranteed": [
+        ContainerSpec(
+            name="app",
+            cpu_request=1000,
+            cpu_limit=1000,
+            memory_request=64 * MiB,
+            memory_limit=64 * MiB,
+        )
+    ],
+}
+
+
+@dataclasses.dataclass
+class Running:
+    handle: PodHandle
+    cid: str
+    pid: int
+
+    @property
+    def spec(self) -> PodSpec:
+        return self.handle.spec
+
+
+def run(kubelet: KubeletClient, qos: str, suffix: str, cleanup: PodCleanup) -> Running:
+    spec = PodSpec(name=f"{qos}-{suffix}", containers=[dataclasses.replace(PODS[qos][0])])
+    handle = cleanup.add(kubelet.run_pod(spec))
+    cid = handle.container_ids["app"]
+    return Running(handle, cid, kubelet.container_pid(cid))
+
+
+def score(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def cpuset(pod: Running) -> str:
+    path = Path("/sys/fs/cgroup/cpuset") / pod.handle.cgroup_parent.lstrip("/") / pod.cid
+    return (path / "cpuset.cpus").read_text().strip()
+
+
+def sent_score(pod: Running) -> int:
+    return pod.handle.container_configs["app"].linux.resources.oom_score_adj
+
+
+def update(kubelet: KubeletClient, cid: str, linux: api_pb2.LinuxContainerResources) -> None:
+    kubelet.runtime.UpdateContainerResources(
+        api_pb2.UpdateContainerResourcesRequest(container_id=cid, linux=linux), timeout=30
+    )
+
+
+def cpu_resize(kubelet: KubeletClient, pod: Running) -> None:
+    """kubelet's in-place resize of a Burstable container's CPU (250m/500m → 300m/600m):
+    its whole resources again, the memory request, so the score, unchanged."""
+    app = dataclasses.replace(pod.spec.containers[0], cpu_request=300, cpu_limit=600)
+    spec = dataclasses.replace(pod.spec, containers=[app])
+    update(kubelet, pod.cid, resize_update(spec, app, node_memory=kubelet.node_memory))
+
+
+def oom_state_when(
+    proc: CrihookProcess, predicate: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    wait_for(lambda: predicate(proc.hook_state("oom")), 10, f"oom's state: {what}")
+    return proc.hook_state("oom")
+
+
+def later_calls(kubelet: KubeletClient, crictl: Crictl, pods: dict[str, Running]) -> None:
+    """What comes after the pods started: kubelet's static CPU manager (a cpuset only, the
+    container's own), crictl update, a resize of the Burstable container's CPU."""
+    for pod in pods.values():
+        update(kubelet, pod.cid, cpu_manager_update(cpuset(pod)))
+    for qos in ("besteffort", "burstable"):  # the Guaranteed one holds its CPU: not resized
+        crictl.ok("update", "--cpu-share", "4", pods[qos].cid)
+    cpu_resize(kubelet, pods["burstable"])
+
+
+def test_oom_scores_are_containerds_and_no_later_update_changes_them(
+    containerd: Containerd,
+    pod_cleanup: PodCleanup,
+    kubelet_direct: KubeletClient,
+    start_crihook: Start,
+) -> None:
+    # The reference: containerd alone (its pods gone before crihook starts).
+    workdir = short_tmpdir("ku-")
+    direct = {qos: run(kubelet_direct, qos, "direct", pod_cleanup) for qos in PODS}
+    applied = {qos: score(pod.pid) for qos, pod in direct.items()}
+    later_calls(kubelet_direct, Crictl(containerd.endpoint, workdir), direct)
+    assert {qos: score(pod.pid) for qos, pod in direct.items()} == applied
+    for pod in direct.values():
+        kubelet_direct.remove_pod(pod.handle)
+
+    proc = start_crihook(CONFIG)
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        through = {qos: run(kubelet, qos, "crihook", pod_cleanup) for qos in PODS}
+        assert {qos: sent_score(pod) for qos, pod in through.items()} == {
+            qos: sent_score(pod) for qos, pod in direct.items()
+        }
+        assert {qos: score(pod.pid) for qos, pod in through.items()} == applied
+        later_calls(kubelet, Crictl(proc.endpoint, workdir), through)
+        assert {qos: score(pod.pid) for qos, pod in through.items()} == applied
+        for qos, pod in through.items():  # a process started in the container inherits it
+            out = kubelet.exec_sync(pod.cid, ["cat", "/proc/self/oom_score_adj"])
+            assert int(out.stdout.decode()) == applied[qos]
+
+        # The state records what kubelet asked for and what containerd applied.
+        want = {
+            f"c:{pod.cid}": {
+                "pod": pod.handle.sandbox_id,
+                "asked": sent_score(pod),
+                "score": applied[qos],
+                "sticky": False,
+            }
+            for qos, pod in through.items()
+        }
+        oom_state_when(proc, lambda s: want.items() <= s.items(), "the scores")
+
+    # A restart finds every container as recorded: the Guaranteed one's raised score, and
+    # the resources of every one the partial updates left. (SIGTERM: a SIGKILL may take the
+    # last 0.2 s of record changes along, which the restart then learns from containerd.)
+    assert proc.stop() == 0
+    proc.start()
+    counts = re.findall(r"(\d+) container\(s\) run with other resources than recorded", proc.log())
+    assert counts[1:] == ["0"], proc.log()
+    assert proc.hook_state("oom") == want
