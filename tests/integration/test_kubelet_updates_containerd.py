@@ -10,6 +10,10 @@ Found by a trial run of kubelet v1.37.2 through crihook (issue 26):
 - containerd with restrict_oom_score_adj (the lab's, as this VM lacks CAP_SYS_RESOURCE)
   raises a Guaranteed container's -997 to its own score. The oom hook recorded -997, and a
   restarted crihook found the container "with other resources than recorded".
+- The numa hook refused every memory resize of a Guaranteed pod, where kubelet with its
+  memory manager None (the default) resizes in place. By default it still refuses, as
+  kubelet's Static policy does; `resize_exclusive_memory` resizes within the NUMA nodes the
+  container holds (this VM has one) and refuses past them.
 
 The reference is containerd itself: the same pods, started by the same kubelet-like client on
 containerd's own socket, get the same scores, and the same updates change nothing there.
@@ -24,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
@@ -197,3 +202,95 @@ def test_oom_scores_are_containerds_and_no_later_update_changes_them(
     counts = re.findall(r"(\d+) container\(s\) run with other resources than recorded", proc.log())
     assert counts[1:] == ["0"], proc.log()
     assert proc.hook_state("oom") == want
+
+
+# --- an in-place memory resize of a Guaranteed container (the numa hook) ------------------------
+
+RESIZE_MEMORY = CONFIG + "[hooks.numa]\nresize_exclusive_memory = true\n"
+
+
+def memory_limit(pod: Running) -> int:
+    path = Path("/sys/fs/cgroup/memory") / pod.handle.cgroup_parent.lstrip("/") / pod.cid
+    return int((path / "memory.limit_in_bytes").read_text())
+
+
+def memory_resize(kubelet: KubeletClient, pod: Running, memory: int) -> None:
+    """kubelet's in-place resize of the Guaranteed container's memory (request = limit)."""
+    app = dataclasses.replace(pod.spec.containers[0], memory_request=memory, memory_limit=memory)
+    spec = dataclasses.replace(pod.spec, containers=[app])
+    update(kubelet, pod.cid, resize_update(spec, app, node_memory=kubelet.node_memory))
+
+
+def placed(proc: CrihookProcess, pod: Running) -> list[dict[str, Any]]:
+    """The numa hook's blocks for the pod's container, as written so far."""
+    entries = proc.hook_state("numa").get("memory", {}).get("entries", {})
+    return entries.get(pod.handle.sandbox_id, {}).get("app", [])  # type: ignore[no-any-return]
+
+
+def numa_state_when(proc: CrihookProcess, pod: Running, size: int) -> None:
+    wait_for(
+        lambda: (
+            [b["size"] for b in placed(proc, pod)] == [size]
+            and not proc.hook_state("numa").get("resizing")
+        ),
+        10,
+        f"numa's state: {size} bytes placed, no resize pending",
+    )
+
+
+def test_a_guaranteed_memory_resize_is_refused_by_default_as_kubelets_static_policy_does(
+    containerd: Containerd,
+    pod_cleanup: PodCleanup,
+    kubelet_direct: KubeletClient,
+    start_crihook: Start,
+) -> None:
+    # kubelet with its memory manager None (the default) resizes in place on containerd.
+    direct = run(kubelet_direct, "guaranteed", "direct", pod_cleanup)
+    memory_resize(kubelet_direct, direct, 128 * MiB)
+    assert memory_limit(direct) == 128 * MiB
+    kubelet_direct.remove_pod(direct.handle)
+
+    proc = start_crihook(CONFIG)
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        pod = run(kubelet, "guaranteed", "crihook", pod_cleanup)
+        numa_state_when(proc, pod, 64 * MiB)
+        before = proc.hook_state("numa")
+        with pytest.raises(grpc.RpcError) as refused:
+            memory_resize(kubelet, pod, 128 * MiB)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = refused.value.details() or ""
+        assert "resize of container 'app' to 134217728 bytes of memory is infeasible" in details
+        assert "[hooks.numa] resize_exclusive_memory = true" in details
+        assert "(pod default/guaranteed-crihook, container app)" in details
+        assert memory_limit(pod) == 64 * MiB
+        assert proc.hook_state("numa") == before
+
+
+def test_with_resize_exclusive_memory_memory_resizes_within_its_numa_node_and_no_further(
+    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start
+) -> None:
+    proc = start_crihook(RESIZE_MEMORY)
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        pod = run(kubelet, "guaranteed", "crihook", pod_cleanup)
+        numa_state_when(proc, pod, 64 * MiB)
+        applied = score(pod.pid)
+        memory_resize(kubelet, pod, 128 * MiB)
+        assert memory_limit(pod) == 128 * MiB
+        numa_state_when(proc, pod, 128 * MiB)
+        memory_resize(kubelet, pod, 96 * MiB)
+        assert memory_limit(pod) == 96 * MiB
+        numa_state_when(proc, pod, 96 * MiB)
+
+        # Past the node's free memory: refused, nothing changed on the host or in the state.
+        before = proc.hook_state("numa")
+        node_memory = kubelet.node_memory
+        with pytest.raises(grpc.RpcError) as refused:
+            memory_resize(kubelet, pod, node_memory)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = refused.value.details() or ""
+        assert f"resize of container 'app' to {node_memory} bytes of memory" in details
+        assert "do not fit on NUMA node(s) 0 it holds" in details
+        assert memory_limit(pod) == 96 * MiB
+        assert proc.hook_state("numa") == before
+        # The resizes re-sent kubelet's -997: the score is still what containerd applied.
+        assert score(pod.pid) == applied
