@@ -902,6 +902,29 @@ class Store:
             self._touch()
         return kept, rebuilt, dropped
 
+    async def missing_from(self, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
+        """The sandbox and container ids recorded here that the runtime no longer lists:
+        removed without crihook (another client, an operator's crictl, the runtime's own
+        clean-up). Changes nothing. Raises grpc.aio.AioRpcError when the runtime fails."""
+        sandboxes = await _call(
+            runtime,
+            "ListPodSandbox",
+            api_pb2.ListPodSandboxRequest(),
+            api_pb2.ListPodSandboxResponse,
+        )
+        containers = await _call(
+            runtime,
+            "ListContainers",
+            api_pb2.ListContainersRequest(),
+            api_pb2.ListContainersResponse,
+        )
+        live_pods = {s.id for s in sandboxes.items}
+        live_containers = {c.id for c in containers.containers}
+        return (
+            [sid for sid in self.pods if sid not in live_pods],
+            [cid for cid in self.containers if cid not in live_containers],
+        )
+
     async def reconcile_pod(
         self, runtime: RuntimeClient, pod_uid: str
     ) -> tuple[list[PodRecord], list[ContainerRecord]]:

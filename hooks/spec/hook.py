@@ -100,7 +100,8 @@ class SyncContext:
     """Resources as the runtime reports them now (ContainerStatus), where it reports them."""
     container_states: Mapping[str, ContainerState]
     reason: str = "start"
-    """`start`, or `reconcile` when crihook learnt of pods and containers it had missed."""
+    """`start`, or `reconcile` when crihook learnt of pods and containers it had missed, or
+    found some the runtime no longer has (removed without crihook)."""
     topology_policy: str = "none"
     """The node's topology policy (`[node] topology_policy`)."""
     topology_scope: str = "container"

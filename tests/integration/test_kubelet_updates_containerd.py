@@ -10,6 +10,8 @@ Found by a trial run of kubelet v1.37.2 through crihook (issue 26):
 - containerd with restrict_oom_score_adj (the lab's, as this VM lacks CAP_SYS_RESOURCE)
   raises a Guaranteed container's -997 to its own score. The oom hook recorded -997, and a
   restarted crihook found the container "with other resources than recorded".
+- `crihook state` kept pods removed behind crihook's back (`pods: 11  containers: 0`), and
+  the hooks what they held for them.
 - The numa hook refused every memory resize of a Guaranteed pod, where kubelet with its
   memory manager None (the default) resizes in place. By default it still refuses, as
   kubelet's Static policy does; `resize_exclusive_memory` resizes within the NUMA nodes the
@@ -22,8 +24,11 @@ containerd's own socket, get the same scores, and the same updates change nothin
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -294,3 +299,63 @@ def test_with_resize_exclusive_memory_memory_resizes_within_its_numa_node_and_no
         assert proc.hook_state("numa") == before
         # The resizes re-sent kubelet's -997: the score is still what containerd applied.
         assert score(pod.pid) == applied
+
+
+# --- pods removed without crihook ---------------------------------------------------------------
+
+RECONCILE_OFTEN = "reconcile_seconds = 0.5\n" + CONFIG
+
+
+def crihook_state(proc: CrihookProcess, *args: str) -> str:
+    """`crihook state` as an operator runs it, on the running crihook's state dir."""
+    out = subprocess.run(
+        [sys.executable, "-m", "crihook", "state", "--state-dir", str(proc.state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_a_pod_removed_without_crihook_is_forgotten_and_what_it_held_given_back(
+    containerd: Containerd,
+    pod_cleanup: PodCleanup,
+    kubelet_direct: KubeletClient,
+    start_crihook: Start,
+) -> None:
+    """The trial's `pods: 11  containers: 0`: pods removed on containerd directly (another
+    client, an operator's crictl, a test bed's clean-up) stayed in crihook's store for as
+    long as it ran, and the CPUs they held stayed held."""
+    proc = start_crihook(RECONCILE_OFTEN)
+    with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:
+        shared = run(kubelet, "besteffort", "crihook", pod_cleanup)
+        pinned = run(kubelet, "guaranteed", "crihook", pod_cleanup)
+        assert cpuset(pinned) == "1"
+        assert cpuset(shared) == "0"
+        # The container removed through crihook, its sandbox behind crihook's back.
+        kubelet.runtime.StopContainer(
+            api_pb2.StopContainerRequest(container_id=pinned.cid, timeout=0), timeout=30
+        )
+        kubelet.runtime.RemoveContainer(
+            api_pb2.RemoveContainerRequest(container_id=pinned.cid), timeout=30
+        )
+        wait_for(
+            lambda: "pods: 2  containers: 1" in crihook_state(proc),
+            30,
+            "the removed container written",
+            interval=0.2,
+        )
+        kubelet_direct.remove_pod(pinned.handle)
+
+        def forgotten() -> bool:
+            doc = json.loads(crihook_state(proc, "--json"))
+            return set(doc["pods"]) == {shared.handle.sandbox_id}
+
+        wait_for(forgotten, 30, "the removed pod forgotten", interval=0.2)
+        assert "pods: 1  containers: 1" in crihook_state(proc)
+        assert "removed without crihook" in proc.log()
+        # Nothing holds CPU 1 any more: the shared pool has it back.
+        wait_for(lambda: cpuset(shared) == "0-1", 30, "the shared pool widened")
+        taken = run(kubelet, "guaranteed", "again", pod_cleanup)
+        assert cpuset(taken) == "1"
