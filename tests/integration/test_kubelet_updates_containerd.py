@@ -11,7 +11,8 @@ Found by a trial run of kubelet v1.37.2 through crihook (issue 26):
   raises a Guaranteed container's -997 to its own score. The oom hook recorded -997, and a
   restarted crihook found the container "with other resources than recorded".
 - `crihook state` kept pods removed behind crihook's back (`pods: 11  containers: 0`), and
-  the hooks what they held for them.
+  the hooks what they held for them; and it showed every container as `kind=unknown`
+  (kubelet's CreateContainer says nothing of init containers).
 - The numa hook refused every memory resize of a Guaranteed pod, where kubelet with its
   memory manager None (the default) resizes in place. By default it still refuses, as
   kubelet's Static policy does; `resize_exclusive_memory` resizes within the NUMA nodes the
@@ -353,7 +354,11 @@ def test_a_pod_removed_without_crihook_is_forgotten_and_what_it_held_given_back(
             return set(doc["pods"]) == {shared.handle.sandbox_id}
 
         wait_for(forgotten, 30, "the removed pod forgotten", interval=0.2)
-        assert "pods: 1  containers: 1" in crihook_state(proc)
+        shown = crihook_state(proc)
+        assert "pods: 1  containers: 1" in shown
+        # What kubelet tells the runtime of a container: no kind (init or not) to print.
+        assert f"  container app {shared.cid[:13]} running attempt=0\n" in shown
+        assert "kind=" not in shown
         assert "removed without crihook" in proc.log()
         # Nothing holds CPU 1 any more: the shared pool has it back.
         wait_for(lambda: cpuset(shared) == "0-1", 30, "the shared pool widened")
