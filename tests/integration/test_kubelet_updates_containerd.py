@@ -43,7 +43,7 @@ from tests.lab.crictl import Crictl
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec
-from tests.lab.kubelet_encoding import cpu_manager_update, resize_update
+from tests.lab.kubelet_encoding import burstable_pod, cpu_manager_update, resize_update
 
 pytestmark = pytest.mark.both_containerds
 
@@ -74,27 +74,13 @@ def start_crihook(containerd: Containerd) -> Iterator[Start]:
         shutil.rmtree(proc.workdir, ignore_errors=True)
 
 
-# The three QoS classes kubelet encodes, one container each.
+# The three QoS classes kubelet encodes, one container `app` each.
 PODS = {
-    "besteffort": [ContainerSpec(name="app")],
-    "burstable": [
-        ContainerSpec(
-            name="app",
-            cpu_request=250,
-            cpu_limit=500,
-            memory_request=32 * MiB,
-            memory_limit=64 * MiB,
-        )
-    ],
-    "guaranteed": [
-        ContainerSpec(
-            name="app",
-            cpu_request=1000,
-            cpu_limit=1000,
-            memory_request=64 * MiB,
-            memory_limit=64 * MiB,
-        )
-    ],
+    "besteffort": ContainerSpec(name="app"),
+    "burstable": burstable_pod("burstable").containers[0],  # 250m/500m, 32/64 MiB
+    "guaranteed": ContainerSpec(
+        name="app", cpu_request=1000, cpu_limit=1000, memory_request=64 * MiB, memory_limit=64 * MiB
+    ),
 }
 
 
@@ -110,7 +96,7 @@ class Running:
 
 
 def run(kubelet: KubeletClient, qos: str, suffix: str, cleanup: PodCleanup) -> Running:
-    spec = PodSpec(name=f"{qos}-{suffix}", containers=[dataclasses.replace(PODS[qos][0])])
+    spec = PodSpec(name=f"{qos}-{suffix}", containers=[dataclasses.replace(PODS[qos])])
     handle = cleanup.add(kubelet.run_pod(spec))
     cid = handle.container_ids["app"]
     return Running(handle, cid, kubelet.container_pid(cid))
