@@ -301,6 +301,12 @@ class App:
             log.error("serving with the state not written: %s", self.store.last_error)
             self.store.write_behind()
         await self._start_plugins()
+        self._tasks.append(
+            asyncio.create_task(
+                self.sync.forget_removed_every(self.settings.runtime.reconcile_seconds),
+                name="crihook-reconcile",
+            )
+        )
         # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
         # as the process: frozen, full collections stop walking it again and again.
         gc.collect()
