@@ -91,6 +91,9 @@ class RuntimeSettings:
     """A separate image service (kubelet's --image-service-endpoint); None: the runtime's."""
     startup_wait_max_seconds: float = 5.0
     """Cap of the backoff between probes while waiting for the runtime at start."""
+    reconcile_seconds: float = 10.0
+    """How often the runtime is listed for pods and containers removed without crihook
+    (kubelet's CPU manager reconciles every 10 s too)."""
 
     @property
     def image_target(self) -> str:
@@ -305,6 +308,7 @@ _TOP_KEYS = {
     "max_message_bytes",
     "data_path",
     "runtime_startup_wait_max_seconds",
+    "reconcile_seconds",
     "hooks",
     "node",
     "record",
@@ -555,6 +559,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         runtime["startup_wait_max_seconds"] = _positive(
             "runtime_startup_wait_max_seconds", doc["runtime_startup_wait_max_seconds"]
         )
+    if "reconcile_seconds" in doc:
+        runtime["reconcile_seconds"] = _positive("reconcile_seconds", doc["reconcile_seconds"])
     if "state_dir" in doc:
         top["state_dir"] = _abs_path("state_dir", doc["state_dir"])
     if "plugins_dir" in doc:

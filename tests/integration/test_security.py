@@ -258,7 +258,8 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
         wait_for(lambda: "50-hostile" in proc.log(), PATIENCE, "the plugin in the chain")
         proc.stop()
         assert _files(outside) == set(), "crihook wrote outside its state directory"
-        assert _files(proc.state_dir) <= {"store.json", "status.json", "hooks", "crihook.lock"}
+        state_files = {"store.json", "status.json", "node.json", "hooks", "crihook.lock"}
+        assert _files(proc.state_dir) <= state_files
         assert plugin.poll() is None  # it was served, not crashed
     finally:
         plugin.kill()
