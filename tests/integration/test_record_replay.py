@@ -531,7 +531,7 @@ def test_pods_removed_without_crihook_are_forgotten_in_the_recording_and_the_rep
             g1, (c1,) = kubelet.pod(guaranteed("g1", 24))
             held = parse_cpu_list(runtime.cpuset_of(c1))
             Kubelet(api_pb2_grpc.RuntimeServiceStub(direct)).remove(g1, [c1])  # behind its back
-            wait_for(lambda: "removed without crihook" in proc.log(), 30, "the pod forgotten")
+            wait_for(lambda: "removed without crihook" in proc.log(), PATIENCE, "the pod forgotten")
             _, (c2,) = kubelet.pod(guaranteed("g2", 24))
             assert parse_cpu_list(runtime.cpuset_of(c2)) == held
         assert proc.stop() == 0
