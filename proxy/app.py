@@ -41,6 +41,7 @@ from crihook.hooks.node import (
     TopologyError,
 )
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
+from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy import sdnotify
 from crihook.proxy.call_log import CallLog
 from crihook.proxy.chain import Chain
@@ -64,12 +65,13 @@ from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
-from crihook.proxy.plugins import PluginDirectory
+from crihook.proxy.plugins import PluginDirectory, crihook_sockets
 from crihook.proxy.record import Recorder, device_pool_facts
 from crihook.proxy.record_format import header_line, plugins_line, snapshot_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
+from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
@@ -101,7 +103,14 @@ class App:
         self.store = Store(settings.state_dir)
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
-        self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness, placement)
+        self.pipeline = Pipeline(
+            self.runtime,
+            self.chain,
+            self.store,
+            self.readiness,
+            placement,
+            node_hugepage_sizes(self.node),
+        )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
@@ -145,6 +154,7 @@ class App:
                     self.readiness,
                     lambda: self.pipeline.updater.failures,
                     lambda: self.sync.failures,
+                    lambda: {d.value: n for d, n in self.plugins.refusals.items()},
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
@@ -167,6 +177,7 @@ class App:
             builtin,
             on_sync_updates=self._plugin_sync_updates,
             on_change=self._record_plugins if self.recorder is not None else None,
+            sockets=crihook_sockets(settings),
         )
         self.store.status_provider = self.status
         self.started_at = time.time()
@@ -394,6 +405,8 @@ class App:
 
     async def serve(self, stop: asyncio.Event) -> None:
         settings = self.settings
+        secure_state_dir(settings.state_dir)  # before anything is read from it or written
+        state_lock = hold_state_dir(settings.state_dir)  # held until the process ends
         self.store.load()
         self.build_hooks()
         await self._write_node_doc()
@@ -466,6 +479,7 @@ class App:
             if self.recorder is not None:
                 await self.recorder.close()
             await self.store.close()
+            state_lock.close()  # the store wrote its last: `crihook state` says "stopped"
             await self.runtime.close()
             if metrics_server is not None:
                 await metrics_server.close()

@@ -659,9 +659,14 @@ class Chain:
             raise HookRejected(entry.name, f"rejected {event.value}: {exc.reason}") from exc
         except TimeoutError as exc:
             entry.counters["timeouts"] += 1
+            # Cut to what kubelet's deadline left (_context): then it is kubelet's that passed.
+            kubelet_deadline = ctx.timeout < entry.timeout
+            bound = "what was left of kubelet's deadline, " if kubelet_deadline else ""
             error: HookError = HookTimeout(
                 entry.name,
-                f"no answer to {stage.value}-{event.value} within {ctx.timeout * 1000:.0f} ms",
+                f"no answer to {stage.value}-{event.value} within {bound}"
+                f"{ctx.timeout * 1000:.0f} ms",
+                kubelet_deadline,
             )
             error.__cause__ = exc
         except ConnectionError as exc:

@@ -41,6 +41,7 @@ from crihook.proxy.config import (
     apply_flags,
     load_config,
 )
+from crihook.proxy.dropin_files import read_dropins
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.kubelet_settings import (
     CONFIG_DIR_FLAG,
@@ -54,7 +55,12 @@ from crihook.proxy.kubelet_settings import (
 )
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.methods import method_path
-from crihook.proxy.plugins import dropin_name_problem, parse_dropin
+from crihook.proxy.plugins import (
+    crihook_sockets,
+    dropin_endpoint_problem,
+    dropin_name_problem,
+    parse_dropin,
+)
 from crihook.proxy.runtime_client import RuntimeClient
 
 __all__ = [
@@ -194,22 +200,38 @@ def dropin_findings(settings: Settings) -> list[Finding]:
         paths = sorted(directory.glob("*.toml"))
     except OSError as exc:
         return [Finding(Level.ERROR, topic, f"cannot list {directory}: {exc.strerror}")]
-    if not directory.is_dir():
+    listing = read_dropins(directory)
+    if listing.missing:
         return [Finding(Level.NOTE, topic, f"no directory {directory}: no plugins")]
+    if listing.refused_directory is not None:
+        return [
+            Finding(
+                Level.ERROR,
+                topic,
+                f"{listing.refused_directory} (crihook reads none of its drop-ins)",
+            )
+        ]
     found: list[Finding] = []
     reserved = {h.base_name for h in settings.chain.hooks}
+    sockets = crihook_sockets(settings)
     loaded: dict[Path, HookSettings] = {}
     for path in paths:
+        refusal = listing.refused.get(path)
+        if refusal is not None:
+            found.append(Finding(Level.ERROR, topic, f"{refusal} (crihook ignores this file)"))
+            continue
+        if path not in listing.files:
+            found.append(Finding(Level.ERROR, topic, f"cannot read {path}"))
+            continue
         try:
-            dropin = parse_dropin(path, path.read_text())
+            dropin = parse_dropin(path, listing.files[path])
             problem = dropin_name_problem(path, dropin, reserved, loaded)
+            if problem is None:
+                problem = dropin_endpoint_problem(path, dropin, sockets)
             if problem is not None:
                 raise problem
         except ConfigError as exc:
             found.append(Finding(Level.ERROR, topic, f"{exc} (crihook ignores this file)"))
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            found.append(Finding(Level.ERROR, topic, f"cannot read {path}: {exc}"))
             continue
         loaded[path] = dropin
         assert dropin.endpoint is not None  # parse_dropin requires one

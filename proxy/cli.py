@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from crihook import __version__
 from crihook.proxy.config import DEFAULT_STATE_DIR, apply_flags, load_config
-from crihook.proxy.errors import ConfigError, SocketInUseError
+from crihook.proxy.errors import ConfigError, SocketInUseError, StateDirInUseError
 from crihook.proxy.log import configure_logging
 
 __all__ = ["build_parser", "main"]
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"crihook: config error: {exc}", file=sys.stderr)
         return 2
-    except SocketInUseError as exc:
+    except (SocketInUseError, StateDirInUseError) as exc:
         print(f"crihook: {exc}", file=sys.stderr)
         return 1
 

@@ -3,12 +3,15 @@
     CrihookError                      base; never raised itself
     ├── ConfigError                   a bad setting or flag; exit 2 at start
     ├── SocketInUseError              the listen socket is served by a live process
+    ├── StateDirInUseError            another live crihook holds the state directory
     ├── RuntimeUnavailable            the runtime cannot be reached (UNAVAILABLE)
     ├── StateWriteError               crihook cannot persist what a hook reserved, so the call is
     │                                 not forwarded (RESOURCE_EXHAUSTED: disk full or quota;
     │                                 UNAVAILABLE: any other I/O error)
     ├── HookError                     a hook failed; carries the hook's name
-    │   ├── HookTimeout               the hook did not answer in time (DEADLINE_EXCEEDED)
+    │   ├── HookTimeout               the hook did not answer within its timeout (UNAVAILABLE),
+    │   │                             or within what was left of kubelet's deadline
+    │   │                             (DEADLINE_EXCEEDED: kubelet's deadline passed)
     │   ├── HookUnavailable           the plugin cannot be reached (UNAVAILABLE)
     │   ├── HookRejected              the hook refused the request (FAILED_PRECONDITION)
     │   │   ├── HookInvalidRequest    the hook found the request malformed (INVALID_ARGUMENT)
@@ -48,6 +51,7 @@ __all__ = [
     "HookUnavailable",
     "RuntimeUnavailable",
     "SocketInUseError",
+    "StateDirInUseError",
     "StateWriteError",
 ]
 
@@ -69,6 +73,11 @@ class ConfigError(CrihookError):
 
 class SocketInUseError(CrihookError):
     """Another live process already serves on the listen socket."""
+
+
+class StateDirInUseError(CrihookError):
+    """Another live crihook holds the state directory (proxy/state_dir.py): two would
+    overwrite each other's store and hook states."""
 
 
 class RuntimeUnavailable(CrihookError):
@@ -102,7 +111,17 @@ class HookError(CrihookError):
 
 
 class HookTimeout(HookError):
-    status = grpc.StatusCode.DEADLINE_EXCEEDED
+    """The hook did not answer in time. Its own `timeout_ms` ran out: UNAVAILABLE (the
+    caller's deadline is far off; DEADLINE_EXCEEDED would tell kubelet its own deadline
+    passed). The time it had was what was left of kubelet's deadline (`kubelet_deadline`):
+    DEADLINE_EXCEEDED, as the runtime or grpc would say."""
+
+    def __init__(self, hook: str, message: str, kubelet_deadline: bool = False) -> None:
+        super().__init__(hook, message)
+        self.kubelet_deadline = kubelet_deadline
+        self.status = (
+            grpc.StatusCode.DEADLINE_EXCEEDED if kubelet_deadline else grpc.StatusCode.UNAVAILABLE
+        )
 
 
 class HookUnavailable(HookError):

@@ -18,7 +18,8 @@ Each kubelet connection is a `KubeletConnection` (the asyncio adapter of a sans-
 - `Buffered` (only where the answer must be seen: RestorePod's observer, and every unary
   method while `--record-all` records): one request, one call to the runtime, the answer.
 
-A deadline passing on an intercepted or buffered call ends it with DEADLINE_EXCEEDED; a relay
+A deadline passing on an intercepted or buffered call ends it with DEADLINE_EXCEEDED, counted
+from its HEADERS whether its body arrives or not; a relay
 leaves deadlines to the runtime and to kubelet's own RST_STREAM, which it passes on. Stopping:
 GOAWAY on every connection (new streams are refused), calls in flight get the grace period,
 then whatever is left is reset on both sides.
@@ -371,7 +372,7 @@ class Relay(_Call):
 class _Unary(_Call):
     """A call answered once its one request message is in: base of Intercept and Buffered."""
 
-    __slots__ = ("deadline", "messages", "metadata", "requests", "task", "timeout", "timer")
+    __slots__ = ("deadline", "messages", "metadata", "requests", "task", "timer")
 
     def __init__(self, conn: KubeletConnection, stream_id: int) -> None:
         super().__init__(conn, stream_id)
@@ -380,7 +381,6 @@ class _Unary(_Call):
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
-        self.timeout: float | None = None
         self.metadata: Any = None
 
     def start(self, headers: list[Header], end_stream: bool) -> None:
@@ -391,8 +391,9 @@ class _Unary(_Call):
                 break
         self.metadata = metadata_from_headers(headers)
         if timeout is not None:
-            self.timeout = timeout
+            # From the HEADERS, as grpc does: a body that never comes still ends the call.
             self.deadline = time.monotonic() + timeout
+            self.timer = asyncio.get_running_loop().call_later(timeout, self._expired)
         if end_stream:
             self._begin()
 
@@ -424,10 +425,7 @@ class _Unary(_Call):
                 Status(grpc.StatusCode.INTERNAL, f"a unary call needs one request, got {got}")
             )
             return
-        loop = asyncio.get_running_loop()
-        self.task = loop.create_task(self._run(self.requests[0]))
-        if self.timeout is not None:
-            self.timer = loop.call_later(self.timeout, self._expired)
+        self.task = asyncio.get_running_loop().create_task(self._run(self.requests[0]))
 
     async def _run(self, request: bytes) -> None:
         raise NotImplementedError

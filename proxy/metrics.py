@@ -34,7 +34,7 @@ import platform
 import sys
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, NamedTuple
@@ -51,6 +51,7 @@ from prometheus_client.core import (
 from crihook import __version__
 from crihook.hooks.spec import Adjustment, PoolUsage
 from crihook.proxy.chain import Chain, failures_of
+from crihook.proxy.dropin_files import Distrust
 from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.methods import known_methods
 from crihook.proxy.outcome import Outcome
@@ -135,6 +136,8 @@ class Sources:
     update_failures: Callable[[], int]
     """Updates to other containers the runtime refused or did not answer."""
     synchronize_failures: Callable[[], int]
+    refused_dropins: Callable[[], Mapping[str, int]] = dict
+    """Plugin drop-ins (and directories) refused as untrusted, by reason (`Distrust`)."""
 
 
 class Metrics:
@@ -227,6 +230,7 @@ class Metrics:
             store_write_failures=sources.store.write_failures,
             update_failures=sources.update_failures(),
             synchronize_failures=sources.synchronize_failures(),
+            refused_dropins=dict(sources.refused_dropins()),
             ready=sources.readiness.ready,
         )
 
@@ -268,6 +272,7 @@ class Snapshot:
     update_failures: int
     synchronize_failures: int
     ready: bool
+    refused_dropins: dict[str, int]
 
     def families(self) -> list[Metric]:
         return [*self._call_families(), *self._hook_families(), *self._node_families()]
@@ -400,6 +405,15 @@ class Snapshot:
             "Hook synchronizes (start, reconcile) that failed",
             value=self.synchronize_failures,
         )
+        refused = CounterMetricFamily(
+            "crihook_plugin_dropins_refused",
+            "Plugin drop-ins not read because someone else than root could have written them "
+            "(and plugins directories, reason directory), once per refusal",
+            labels=("reason",),
+        )
+        for reason in Distrust:
+            refused.add_metric((reason.value,), self.refused_dropins.get(reason.value, 0))
+        yield refused
         yield GaugeMetricFamily(
             "crihook_ready",
             "1: crihook forwards calls (the runtime answered and the store is reconciled)",

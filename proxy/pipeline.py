@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -45,7 +45,7 @@ from crihook.proxy.passthrough import Readiness
 from crihook.proxy.placement import Placement
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
-from crihook.proxy.validate import check_request, check_wire
+from crihook.proxy.validate import check_request, check_resources, check_wire
 
 __all__ = ["Pipeline"]
 
@@ -178,8 +178,12 @@ class Pipeline:
         store: Store,
         readiness: Readiness,
         placement: Placement | None = None,
+        hugepage_sizes: Collection[str] = (),
     ) -> None:
         self.runtime = runtime
+        self.hugepage_sizes = frozenset(hugepage_sizes)
+        """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
+        is refused at the door (none known: any well-formed size passes)."""
         self.chain = chain
         self.store = store
         self.readiness = readiness
@@ -262,7 +266,11 @@ class Pipeline:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"cannot decode {spec.request.__name__}: {exc}",
             )
-        problem = check_wire(event, raw) or check_request(event, request)
+        problem = (
+            check_wire(event, raw)
+            or check_request(event, request)
+            or check_resources(event, request, self.hugepage_sizes)
+        )
         if problem is not None:
             return _refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, problem)
         call = _Call(event, request)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 RESUME_SECONDS = 1.0
 """After lost lines, how often the writer asks for a snapshot to resume from."""
+FILE_MODE = 0o600
+"""A recording is root's alone, like the state directory: even redacted it shows every pod's
+labels, annotations and mounts (an older crihook's file is made so when it is opened)."""
 
 
 class RecordFile:
@@ -141,10 +145,12 @@ class RecordFile:
             except FileNotFoundError:
                 pass
             self._close_file(sync=False)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        self._fd = os.open(self.path, flags, 0o640)
+        self._fd = os.open(self.path, flags, FILE_MODE)
         opened = os.fstat(self._fd)
+        if stat.S_IMODE(opened.st_mode) & ~FILE_MODE:  # an older crihook's file
+            os.fchmod(self._fd, stat.S_IMODE(opened.st_mode) & FILE_MODE)
         self._inode = (opened.st_dev, opened.st_ino)
         self._size = opened.st_size
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy.chain import Chain, ChainEntry
 from crihook.proxy.config import HookSettings, Settings, apply_flags, settings_from_toml
 from crihook.proxy.errors import ConfigError
@@ -229,7 +230,14 @@ class _SegmentReplay:
         self.chain = Chain(settings.chain, store.hook_state)
         topology = segment.topology
         placement = Placement(settings.node.topology_policy, topology.numa_nodes)
-        self.pipeline = Pipeline(self.runtime, self.chain, store, self.readiness, placement)
+        self.pipeline = Pipeline(
+            self.runtime,
+            self.chain,
+            store,
+            self.readiness,
+            placement,
+            node_hugepage_sizes(topology),  # the recorded node's: the same door
+        )
         self.outcomes: list[Outcome] = []
         self.pipeline.on_outcome = self.outcomes.append
         self.sync = Synchronizer(

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from crihook.proxy.config import Settings, load_config
 from crihook.proxy.config_doc import plugin_docs, settings_doc
+from crihook.proxy.record_file import FILE_MODE
 from crihook.proxy.record_format import encode_line
 from crihook.proxy.replay import ReplayReport, replay, settings_for
 from crihook.proxy.replay_explain import explain_all
@@ -49,7 +50,9 @@ def write_updated(report: ReplayReport, config: Settings | None, hooks: str | No
     data = b"".join(encode_line(line) for line in lines)
     tmp = recording.path.with_name(f".{recording.path.name}.replay-{os.getpid()}")
     try:
-        tmp.write_bytes(data)
+        # As private as crihook writes a recording (proxy/record_file.py FILE_MODE).
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as out:
+            out.write(data)
         os.replace(tmp, recording.path)
     finally:
         with contextlib.suppress(FileNotFoundError):

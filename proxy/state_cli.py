@@ -1,4 +1,9 @@
-"""`crihook state`: pods, containers, who set which field, hook states, from the state dir."""
+"""`crihook state`: pods, containers, who set which field, hook states, from the state dir.
+
+Whether crihook runs comes from the process itself: the lock a running crihook holds on its
+state directory (proxy/state_dir.py) names its pid, also when a full disk kept status.json
+from being written. Only a state directory without the lock file (an older crihook's) is
+judged by the age of its status file."""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crihook.proxy.state_dir import LOCK_FILE, state_dir_holder
 from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE, apply_journal, read_journal
 
-__all__ = ["STALE_SECONDS", "liveness", "load_state", "render_state", "show_state"]
+__all__ = ["STALE_SECONDS", "liveness", "load_state", "process_of", "render_state", "show_state"]
 
 
 def _read(path: Path) -> Any:
@@ -30,27 +36,69 @@ def load_state(state_dir: Path) -> dict[str, Any]:
     apply_journal(journal, hooks)
     return {
         "status": _read(state_dir / STATUS_FILE),
+        "process": process_of(state_dir),
         "pods": store.get("pods", {}),
         "containers": store.get("containers", {}),
         "hook_states": hooks,
     }
 
 
+def process_of(state_dir: Path) -> dict[str, int | None] | None:
+    """`{"pid": N}` of the crihook that holds the state directory, `{"pid": None}` when none
+    does; None when there is no lock file to ask (a crihook older than the lock)."""
+    try:
+        return {"pid": state_dir_holder(state_dir)}
+    except OSError:
+        return None
+
+
 # status.json is rewritten every second while crihook runs: older than this, it is not.
 STALE_SECONDS = 10.0
 
 
-def liveness(status: dict[str, Any], now: float | None = None) -> str | None:
-    """Why the status file does not describe a running crihook, or None if it does."""
+def liveness(
+    status: dict[str, Any] | None,
+    now: float | None = None,
+    process: dict[str, int | None] | None = None,
+) -> str | None:
+    """Why crihook is not running, or None if it runs. `process` (process_of) decides when
+    known; without it, the status file's age does."""
     now = time.time() if now is None else now
+    status = status or {}
     stopped = status.get("stopped_at")
+    updated = status.get("updated_at")
+    if process is not None:
+        if process["pid"] is not None:
+            return None
+        if stopped:
+            return f"crihook is not running: it stopped at {_when(stopped)}"
+        last = f"; its status was last written at {_when(updated)}" if updated else ""
+        return f"crihook is not running: no process holds {LOCK_FILE}{last}"
     if status.get("running") is False and stopped:
         return f"crihook is not running: it stopped at {_when(stopped)}"
-    updated = status.get("updated_at")
     if updated is not None and now - updated > STALE_SECONDS:
         return (
             f"crihook is not running: its status was last written at {_when(updated)} "
             "(it stopped without a clean shutdown, or hangs)"
+        )
+    return None
+
+
+def _stale_but_running(
+    status: dict[str, Any] | None, process: dict[str, int | None] | None, now: float
+) -> str | None:
+    """A running crihook whose status file is old or missing: it cannot write it."""
+    if process is None or process["pid"] is None:
+        return None
+    pid = process["pid"]
+    if not status:
+        return f"crihook runs (pid {pid}) and has written no status file yet"
+    updated = status.get("updated_at")
+    if updated is not None and now - updated > STALE_SECONDS:
+        return (
+            f"crihook runs (pid {pid}), but its status file was last written at "
+            f"{_when(updated)}: it cannot write its state directory (full?); what follows is "
+            "what it last wrote"
         )
     return None
 
@@ -62,8 +110,13 @@ def _when(epoch: float) -> str:
 def render_state(doc: dict[str, Any]) -> str:
     lines = []
     status = doc.get("status")
+    process = doc.get("process")
+    now = time.time()
+    stale = _stale_but_running(status, process, now)
+    if stale is not None:
+        lines.append(stale)
     if status:
-        down = liveness(status)
+        down = liveness(status, now, process)
         if down is not None:
             lines.append(f"{down}; what follows is what it last knew")
         lines.append(
@@ -177,9 +230,10 @@ def show_state(state_dir: Path, as_json: bool) -> int:
         return 1
     doc = load_state(state_dir)
     if as_json:
-        status = doc.get("status")
+        status, process = doc.get("status"), doc.get("process")
         # Tools read this instead of trusting a status file crihook no longer writes.
-        doc["running"] = status is not None and liveness(status) is None
+        known = status is not None or process is not None
+        doc["running"] = known and liveness(status, process=process) is None
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render_state(doc))

@@ -99,6 +99,9 @@ RETRY_MAX_SECONDS = 5.0
 TEMP_MARK = ".tmp-"
 STALE_TEMP_SECONDS = 60.0
 """A temp file of a live process older than this is left over too (a write takes ms)."""
+STATE_DIR_MODE = 0o700
+STATE_FILE_MODE = 0o600
+"""The state directory and its files are root's alone (proxy/state_dir.py fixes older ones)."""
 POD_UID_LABEL = "io.kubernetes.pod.uid"
 """The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 
@@ -106,10 +109,11 @@ POD_UID_LABEL = "io.kubernetes.pod.uid"
 def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new file, never half.
     `durable=False` skips the fsyncs (for files that are rewritten every second anyway).
-    A failed step removes the temp file (a full disk stays no fuller) and raises OSError."""
+    A failed step removes the temp file (a full disk stays no fuller) and raises OSError.
+    The file is root's alone (STATE_FILE_MODE): pod annotations in it may carry secrets."""
     tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STATE_FILE_MODE)
         with open(fd, "wb") as fh:
             fh.write(data)
             if durable:
@@ -363,10 +367,10 @@ class JournalFile:
         self.close()
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(path, flags, STATE_FILE_MODE)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, flags, 0o666)
+            path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+            fd = os.open(path, flags, STATE_FILE_MODE)
         self._fd, self._path = fd, path
         return fd
 
@@ -548,7 +552,7 @@ class Store:
     def load(self) -> None:
         """Read what an earlier crihook persisted. A corrupt file is set aside, not fatal;
         temp files an interrupted write left behind are removed."""
-        (self.state_dir / HOOKS_DIR).mkdir(parents=True, exist_ok=True)
+        (self.state_dir / HOOKS_DIR).mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
             _remove_leftover_temp_files(directory)
         path = self.state_dir / STORE_FILE
@@ -785,7 +789,7 @@ class Store:
         for path, data in targets:
             try:
                 if path.parent == hooks_dir:
-                    hooks_dir.mkdir(parents=True, exist_ok=True)
+                    hooks_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
                 write_atomic(path, data)
             except OSError as exc:
                 raise _WriteFailed(path, exc) from exc

@@ -1,7 +1,8 @@
 """What crihook requires of the eight intercepted requests before it acts on them; pure.
 
-Both checks answer what is wrong, in words for the operator (None: nothing), for the pipeline
-to refuse the call with INVALID_ARGUMENT before any hook sees it or the store records it.
+The checks answer what is wrong, in words for the operator (None: nothing), for the pipeline
+to refuse the call with INVALID_ARGUMENT before any hook sees it, the store records it or the
+runtime gets it: the one door for bad input, so hooks can trust the values they read.
 
 `check_wire(event, raw)`: a known top-level field sent with another wire type than the one
 it is declared with. protobuf (here and in containerd) does not fail the decode: it keeps
@@ -20,11 +21,21 @@ containerd about what kubelet may leave out:
     the others         the id they act on (container_id or pod_sandbox_id)
 
 Names, namespaces and attempts are not required: containerd accepts them empty.
+
+`check_resources(event, request, hugepage_sizes)`: every LinuxContainerResources the call
+carries holds values the kernel and runc accept (hooks.spec.limits: CFS period and quota,
+shares, memory and swap limits, oom_score_adj, cpusets, hugepage sizes), each named with its
+value when it does not; 0 stays "unset" where containerd reads it so:
+
+    RunPodSandbox                config.linux.resources, config.linux.overhead
+    CreateContainer              config.linux.resources, and the sandbox_config's
+    UpdateContainerResources     linux
+    UpdatePodSandboxResources    resources, overhead
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -34,9 +45,10 @@ from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
+from crihook.hooks.spec.limits import resources_problem
 from crihook.proxy.methods import INTERCEPTED
 
-__all__ = ["check_request", "check_wire"]
+__all__ = ["check_request", "check_resources", "check_wire"]
 
 VARINT, FIXED64, LENGTH_DELIMITED, START_GROUP, END_GROUP, FIXED32 = range(6)
 _WIRE_NAMES = ("varint", "64-bit", "length-delimited", "start group", "end group", "32-bit")
@@ -230,5 +242,69 @@ _REQUIRED: Mapping[Event, Callable[[Any], str | None]] = MappingProxyType(
         Event.STOP_POD_SANDBOX: _pod_sandbox_id,
         Event.REMOVE_POD_SANDBOX: _pod_sandbox_id,
         Event.UPDATE_POD_SANDBOX_RESOURCES: _pod_sandbox_id,
+    }
+)
+
+
+def check_resources(
+    event: Event, request: Message, hugepage_sizes: Collection[str] = ()
+) -> str | None:
+    """The first resources field of `event`'s request the kernel or runc would refuse, named
+    with its value; None if all are fine (or the call carries none)."""
+    for where, resources in _RESOURCES[event](request):
+        problem = resources_problem(resources, where, hugepage_sizes)
+        if problem is not None:
+            return f"{request.DESCRIPTOR.name} {problem}"
+    return None
+
+
+Resources = Iterator[tuple[str, api_pb2.LinuxContainerResources]]
+
+
+def _sandbox_resources(linux: api_pb2.LinuxPodSandboxConfig, where: str) -> Resources:
+    for name in ("resources", "overhead"):
+        if linux.HasField(name):
+            yield f"{where}.{name}", getattr(linux, name)
+
+
+def _run_pod_sandbox_resources(request: api_pb2.RunPodSandboxRequest) -> Resources:
+    yield from _sandbox_resources(request.config.linux, "config.linux")
+
+
+def _create_container_resources(request: api_pb2.CreateContainerRequest) -> Resources:
+    linux = request.config.linux
+    if linux.HasField("resources"):
+        yield "config.linux.resources", linux.resources
+    yield from _sandbox_resources(request.sandbox_config.linux, "sandbox_config.linux")
+
+
+def _update_container_resources(request: api_pb2.UpdateContainerResourcesRequest) -> Resources:
+    if request.HasField("linux"):
+        yield "linux", request.linux
+
+
+def _update_pod_sandbox_resources(
+    request: api_pb2.UpdatePodSandboxResourcesRequest,
+) -> Resources:
+    for name in ("resources", "overhead"):
+        if request.HasField(name):
+            yield name, getattr(request, name)
+
+
+def _none(request: Message) -> Resources:
+    return iter(())
+
+
+_RESOURCES: Mapping[Event, Callable[[Any], Resources]] = MappingProxyType(
+    {
+        Event.RUN_POD_SANDBOX: _run_pod_sandbox_resources,
+        Event.CREATE_CONTAINER: _create_container_resources,
+        Event.START_CONTAINER: _none,
+        Event.UPDATE_CONTAINER_RESOURCES: _update_container_resources,
+        Event.STOP_CONTAINER: _none,
+        Event.REMOVE_CONTAINER: _none,
+        Event.STOP_POD_SANDBOX: _none,
+        Event.REMOVE_POD_SANDBOX: _none,
+        Event.UPDATE_POD_SANDBOX_RESOURCES: _update_pod_sandbox_resources,
     }
 )

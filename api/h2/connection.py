@@ -600,6 +600,8 @@ class Connection:
             if flags & PADDED:
                 payload = _unpad(payload)
             if flags & PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise _ProtocolError("HEADERS too short for its priority", FRAME_SIZE_ERROR)
                 payload = payload[5:]
             self._block_stream = stream_id
             self._block_end_stream = bool(flags & END_STREAM)
@@ -662,6 +664,8 @@ class Connection:
                 delta = value - self._peer_initial_window
                 for stream in self._streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:  # §6.9.2
+                        raise _ProtocolError("a stream window over 2^31-1", FLOW_CONTROL_ERROR)
                 self._peer_initial_window = value
             elif key == MAX_FRAME_SIZE:
                 # Below 16,384 is against the RFC but harmless to honour: smaller frames.
@@ -693,6 +697,11 @@ class Connection:
         stream = self._streams.get(stream_id)
         if stream is None:
             return  # a stream that ended has no window
+        if stream.send_window + increment > MAX_WINDOW:  # §6.9.1: the stream ends, not all
+            self._remove(stream_id)
+            self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(FLOW_CONTROL_ERROR)))
+            events.append(Reset(stream_id, FLOW_CONTROL_ERROR))
+            return
         stream.send_window += increment
         if stream.held is not None:
             sent = self._flush(stream_id, stream)

@@ -277,6 +277,8 @@ class BlockDecoder:
                 field = (name, value)
                 self._add(name, value)
             elif first & 0x20:  # dynamic table size update
+                if headers:  # §4.2: only at the beginning of a block
+                    raise HPACKError("a table size update after the first field of a block")
                 size, offset = _read_integer(block, offset, 5)
                 if size > self._max_table:
                     raise HPACKError(f"a table size of {size} over {self._max_table}")

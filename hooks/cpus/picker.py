@@ -102,12 +102,16 @@ def take_cpus(
     flags are the policy options the module docstring names; the option rules (which ones
     combine) are checked where the options are parsed, not here.
 
-    Raises ``SMTAlignmentError`` (``full_cores``) or ``CPUAllocationError``: ``count`` below
-    1, CPUs in ``available`` that are not online, or fewer CPUs than asked for.
+    ``count`` 0 gives the empty set, whatever is available (kubelet: "take zero cpus", its
+    accumulator is satisfied before it looks). Raises ``SMTAlignmentError`` (``full_cores``)
+    or ``CPUAllocationError``: a negative ``count`` (a caller's bug: kubelet never asks for
+    one), CPUs in ``available`` that are not online, or fewer CPUs than asked for.
     """
+    if count == 0:
+        return frozenset()
     index = _index(topology)
-    if count < 1:
-        raise CPUAllocationError(f"invalid request for {count} cpus: at least 1 cpu is needed")
+    if count < 0:
+        raise CPUAllocationError(f"invalid request for {count} cpus: a count cannot be negative")
     free = frozenset(available)
     unknown = free - index.online
     if unknown:

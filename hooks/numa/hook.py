@@ -58,6 +58,7 @@ from crihook.hooks.spec import (
     Hook,
     HookContext,
     HookState,
+    InvalidRequest,
     PodView,
     PoolUsage,
     QoSClass,
@@ -121,15 +122,22 @@ def parse_reserved_memory(table: object, topology: Topology) -> dict[int, dict[s
 def container_requests(container: ContainerView) -> dict[str, int] | None:
     """What kubelet's memory manager would account for a container: its memory (the limit,
     which equals the request in a Guaranteed pod) and hugepages; None when it accounts
-    nothing (not a Guaranteed pod, no memory limit)."""
+    nothing (not a Guaranteed pod, no memory limit, or -1: unlimited). A limit the kernel
+    would not take (crihook's door refuses it first) is InvalidRequest, not a crash."""
     res = container.resources
-    if res.qos_class is not QoSClass.GUARANTEED or not res.memory_limit_bytes:
+    limit = res.memory_limit_bytes
+    if res.qos_class is not QoSClass.GUARANTEED or not limit or limit == -1:
         return None
-    requests = {MEMORY: res.memory_limit_bytes}
-    for size, limit in res.hugepage_limits.items():
+    if limit < 0:
+        raise InvalidRequest(
+            f"container {container.name!r}: memory_limit_in_bytes {limit} is negative (a limit "
+            "in bytes, or -1 for none)"
+        )
+    requests = {MEMORY: limit}
+    for size, pages_limit in res.hugepage_limits.items():
         m = _PAGE.fullmatch(size)
-        if m is not None and limit > 0:
-            requests[hugepage_resource(int(m[1]) * _PAGE_KIB[m[2]])] = limit
+        if m is not None and pages_limit > 0:
+            requests[hugepage_resource(int(m[1]) * _PAGE_KIB[m[2]])] = pages_limit
     return requests
 
 

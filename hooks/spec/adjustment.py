@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from crihook.hooks.spec.limits import value_problem
+
 __all__ = [
     "REMOVE",
     "RESOURCE_FIELDS",
@@ -168,6 +170,11 @@ class ResourceDelta:
     memory_limit_in_bytes: int | None = None
     memory_swap_limit_in_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        for name, value in self.items():  # what the runtime would refuse, refused here
+            if not name.startswith("cpuset_"):
+                _resource(name, value)
+
     def items(self) -> Iterator[tuple[str, Any]]:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -270,21 +277,24 @@ class Adjustment:
     def set_cpuset_mems(self, mems: str) -> Adjustment:
         return self._set(Field.CPUSET_MEMS, "", _str("cpuset_mems", mems))
 
+    # Each within what the kernel and runc accept (hooks.spec.limits, the rules of crihook's
+    # door for kubelet's requests), and narrower where a hook has one way to say it: -1 is
+    # the quota's and the swap's "no limit".
     def set_cpu_shares(self, shares: int) -> Adjustment:
-        return self._set(Field.CPU_SHARES, "", _int("cpu_shares", shares, low=0))
+        return self._set(Field.CPU_SHARES, "", _resource("cpu_shares", shares, low=0))
 
     def set_cpu_quota(self, quota: int) -> Adjustment:
-        return self._set(Field.CPU_QUOTA, "", _int("cpu_quota", quota, low=-1))
+        return self._set(Field.CPU_QUOTA, "", _resource("cpu_quota", quota, low=-1))
 
     def set_cpu_period(self, period: int) -> Adjustment:
-        return self._set(Field.CPU_PERIOD, "", _int("cpu_period", period, low=0))
+        return self._set(Field.CPU_PERIOD, "", _resource("cpu_period", period, low=0))
 
     def set_memory_limit(self, limit: int) -> Adjustment:
-        return self._set(Field.MEMORY_LIMIT, "", _int("memory_limit_in_bytes", limit, low=0))
+        return self._set(Field.MEMORY_LIMIT, "", _resource("memory_limit_in_bytes", limit, low=0))
 
     def set_memory_swap_limit(self, limit: int) -> Adjustment:
         return self._set(
-            Field.MEMORY_SWAP_LIMIT, "", _int("memory_swap_limit_in_bytes", limit, low=-1)
+            Field.MEMORY_SWAP_LIMIT, "", _resource("memory_swap_limit_in_bytes", limit, low=-1)
         )
 
     def set_hugepage_limit(self, page_size: str, limit: int) -> Adjustment:
@@ -390,4 +400,13 @@ def _int(what: str, value: int, low: int | None = None, high: int | None = None)
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ValueError(f"{what} {value} is out of range [{low}, {high}]")
+    return value
+
+
+def _resource(name: str, value: int, low: int | None = None) -> int:
+    """`_int`, then the kernel's and runc's rule for the LinuxContainerResources field."""
+    _int(name, value, low)
+    problem = value_problem(name, value)
+    if problem is not None:
+        raise ValueError(f"{name} {value}: {problem}")
     return value

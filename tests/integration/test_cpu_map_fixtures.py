@@ -13,7 +13,7 @@ from typing import Any
 
 from crihook.hooks.node import format_cpu_list, parse_cpu_list
 from tests.integration.test_resource_hooks_fixtures import Node
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.lab.map_reading import drawn
@@ -67,7 +67,7 @@ def test_the_map_of_a_busy_256_cpu_machine_is_what_the_runtime_was_told() -> Non
             doc = json.loads(state_cpus(m.proc, "--json"))
             return {h["container_id"] for h in doc["holdings"]} == set(placed)
 
-        wait_for(settled, 10, "every container on the map, named")
+        wait_for(settled, PATIENCE, "every container on the map, named")
         running = check_map(node, m.proc, placed, shared)
         assert running["running"] is True
 

@@ -152,7 +152,7 @@ def served() -> Iterator[Served]:
         working = scrape(address)
         m.runtime.stop()  # containerd gone: kubelet's next calls fail
         with pytest.raises(grpc.RpcError) as failed:
-            m.stub.ListContainers(api_pb2.ListContainersRequest(), timeout=10)
+            m.stub.ListContainers(api_pb2.ListContainersRequest(), timeout=60)
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
         yield Served.of(working, scrape(address))
 

@@ -26,7 +26,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 
@@ -132,7 +132,7 @@ def hook_state(
     proc: CrihookProcess, name: str, what: str, ok: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
     """The hook's state file once `ok` holds (post-stage changes are written behind)."""
-    wait_for(lambda: ok(proc.hook_state(name)), 5, f"{name}'s state: {what}")
+    wait_for(lambda: ok(proc.hook_state(name)), PATIENCE, f"{name}'s state: {what}")
     return proc.hook_state(name)
 
 
@@ -236,7 +236,7 @@ def test_a_forbidden_request_is_refused_and_nothing_is_created(
             api_pb2.ListContainersRequest(
                 filter=api_pb2.ContainerFilter(pod_sandbox_id=error.handle.sandbox_id)
             ),
-            timeout=10,
+            timeout=60,
         ).containers
         assert list(listed) == []
     # Nothing reserved: the pool's state has no holding.

@@ -14,7 +14,7 @@ import pytest
 
 from crihook.hooks.node import parse_cpu_list
 from tests.integration.test_resource_hooks_fixtures import Node
-from tests.lab.crihook_proc import short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, short_tmpdir, wait_for
 from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.lab.sysfs import DUAL_SOCKET_SMT2_4NUMA, GIB
@@ -96,7 +96,7 @@ def test_cpus_memory_and_pooled_devices_land_on_one_numa_node(gpu_node: Node) ->
         doc = node.hook_state("devices")
         return sorted(v["devices"]["gpu"][0] for k, v in doc.items() if k.startswith("a:"))
 
-    wait_for(lambda: held() == ["0", "1", "2"], 5, "three holdings written")
+    wait_for(lambda: held() == ["0", "1", "2"], PATIENCE, "three holdings written")
     # The last GPU with CPUs that would fit anywhere: node 3, where it is.
     last = gpu_pod(node, "last", 1, cpus=2)
     assert gpus_of(node, last) == "3" and topo.numa_of(node.cpus(last)) == {3}

@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,10 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.state_cli import STALE_SECONDS
 from crihook.proxy.store import Store
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
@@ -100,11 +102,13 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
     try:
         with KubeletClient(first.endpoint, log_root=containerd.pod_log_dir) as via:
             before = via.run_pod(burstable_pod("before-full"))
-            wait_for(lambda: _matches(state, direct), 10, "store.json to have the first pod")
+            wait_for(lambda: _matches(state, direct), PATIENCE, "store.json to have the first pod")
 
             disk.fill()
             during = via.run_pod(burstable_pod("while-full"))  # Run, Create, Start: all OK
-            wait_for(lambda: _store_errors(first.log()), 10, f"the failed write\n{first.log()}")
+            wait_for(
+                lambda: _store_errors(first.log()), PATIENCE, f"the failed write\n{first.log()}"
+            )
             via.remove_pod(before)  # Stop and Remove too, with the store degraded
             assert {p.id for p in via.list_pods()} >= {during.sandbox_id}
         assert disk.temp_files() == []
@@ -128,13 +132,13 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
         assert "serving with the state not written" in second.log()
 
         disk.free()
-        wait_for(lambda: _matches(state, direct), 15, "store.json to match containerd again")
+        wait_for(lambda: _matches(state, direct), PATIENCE, "store.json to match containerd again")
         wait_for(
             lambda: (
                 (_status(state).get("store") or {}).get("write_failures", 0) > 0
                 and _status(state)["store"]["degraded"] is None
             ),
-            10,
+            PATIENCE,
             "status.json to show the store recovered",
         )
         assert disk.temp_files() == []
@@ -158,9 +162,6 @@ def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
         direct.close()
 
 
-# --- limits on kubelet's socket ---------------------------------------------------------------
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeRuntime]:
     runtime = FakeRuntime(short_tmpdir("fr-") / "rt.sock").start()
@@ -169,6 +170,47 @@ def fake() -> Iterator[FakeRuntime]:
     finally:
         runtime.stop()
         shutil.rmtree(runtime.socket_path.parent, ignore_errors=True)
+
+
+def _state(proc: CrihookProcess) -> dict[str, Any]:
+    shown = subprocess.run(
+        [sys.executable, "-m", "crihook", "state", "--state-dir", str(proc.state_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    doc: dict[str, Any] = json.loads(shown.stdout)
+    return doc
+
+
+def test_crihook_state_says_running_while_a_full_disk_keeps_its_status_unwritten(
+    fake: FakeRuntime, workdir: Path, disk: SmallDisk
+) -> None:
+    """status.json is rewritten every second; on a full disk it is not, and goes stale. Yet
+    crihook runs, and `crihook state` says so (from the lock it holds), with its pid."""
+    proc = CrihookProcess(fake.endpoint, workdir=workdir).start()
+    try:
+        assert proc.proc is not None
+        wait_for(lambda: _status(disk.path), 60, "the first status.json")
+        disk.fill()
+        wait_for(
+            lambda: f"cannot write {disk.path / 'status.json'}: [Errno 28]" in proc.log(),
+            60,
+            "the status write to fail",
+        )
+        written = _status(disk.path)["updated_at"]
+        stale = STALE_SECONDS + 1
+        wait_for(lambda: time.time() - written > stale, stale + 60, "the status to go stale")
+        doc = _state(proc)
+        assert (doc["running"], doc["process"]) == (True, {"pid": proc.proc.pid})
+        assert proc.stop() == 0
+        assert (_state(proc)["running"], _state(proc)["process"]) == (False, {"pid": None})
+    finally:
+        proc.kill()
+
+
+# --- limits on kubelet's socket ---------------------------------------------------------------
 
 
 def _length_delimited(number: int, size: int) -> bytes:
@@ -280,6 +322,68 @@ def test_a_malformed_intercepted_request_is_refused_and_not_forwarded(
         assert not stored.exists() or json.loads(stored.read_bytes())["pods"] == {}
 
 
+def _create(resources: api_pb2.LinuxContainerResources, guaranteed: bool = False) -> bytes:
+    parent = "/kubepods/podu1" if guaranteed else "/kubepods/burstable/podu1"
+    sandbox = api_pb2.PodSandboxConfig(
+        metadata=SANDBOX.metadata, linux=api_pb2.LinuxPodSandboxConfig(cgroup_parent=parent)
+    )
+    config = api_pb2.ContainerConfig(
+        metadata=api_pb2.ContainerMetadata(name="app"),
+        linux=api_pb2.LinuxContainerConfig(resources=resources),
+    )
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id="p1", config=config, sandbox_config=sandbox
+    )
+    return request.SerializeToString()
+
+
+R = api_pb2.LinuxContainerResources
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "details"),
+    [
+        ("CreateContainer", _create(R(cpu_period=-100_000, cpu_quota=50_000)),
+         "config.linux.resources.cpu_period = -100000: the kernel takes a CFS period of 1000 "
+         "to 1000000 µs (1 ms to 1 s); 0 leaves it unset"),
+        ("CreateContainer", _create(R(oom_score_adj=1 << 40)),
+         "config.linux.resources.oom_score_adj = 1099511627776: the kernel takes -1000 to 1000"),
+        ("CreateContainer", _create(R(cpu_shares=256, memory_limit_in_bytes=-GIB)),
+         "config.linux.resources.memory_limit_in_bytes = -1073741824: a memory limit is a "
+         "number of bytes, or -1 for no limit; 0 leaves it unset"),
+        # Through cpuset, numa and oom, which crashed (INTERNAL) on it: none of them sees it.
+        ("CreateContainer", _create(R(cpu_shares=1024, cpu_quota=100_000, cpu_period=100_000,
+                                      memory_limit_in_bytes=-GIB), guaranteed=True),
+         "config.linux.resources.memory_limit_in_bytes = -1073741824"),
+        ("UpdateContainerResources", api_pb2.UpdateContainerResourcesRequest(
+            container_id="c1", linux=R(cpu_quota=500)).SerializeToString(),
+         "linux.cpu_quota = 500: the kernel takes a CFS quota of 1000 to 17592186044415 µs"),
+        ("UpdatePodSandboxResources", api_pb2.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id="p1", resources=R(cpuset_cpus="0-3,")).SerializeToString(),
+         "resources.cpuset_cpus = '0-3,': malformed cpu list"),
+    ],
+    ids=["cpu-period", "oom-score-adj", "memory-limit", "memory-limit-through-the-hooks",
+         "update-container-quota", "update-pod-cpuset"],
+)  # fmt: skip
+def test_values_the_kernel_refuses_are_refused_at_the_door_and_not_forwarded(
+    fake: FakeRuntime, workdir: Path, method: str, request_: bytes, details: str
+) -> None:
+    """Issue 28: each of these was forwarded, and failed at StartContainer without naming
+    the problem (or crashed the numa hook). Now INVALID_ARGUMENT naming the field and the
+    value, before any hook or the runtime."""
+    with CrihookProcess(fake.endpoint, workdir=workdir, hooks="cpuset,numa,oom") as proc:
+        seen = len(fake.received)
+        with pytest.raises(grpc.RpcError) as info:
+            _call(proc.endpoint, RUNTIME + method, request_)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert details in (info.value.details() or "")
+        assert (info.value.details() or "").startswith("crihook: ")
+        assert _received(fake)[seen:] == []
+        assert "Traceback" not in proc.log()
+        assert proc.stop() == 0
+
+
 # --- reconcile_pod against containerd ----------------------------------------------------------
 
 
@@ -320,9 +424,9 @@ def test_the_status_writer_survives_its_errors_and_sigterm_exits_0(
     status.mkdir(parents=True)
     proc = CrihookProcess(fake.endpoint, workdir=workdir).start()
     try:
-        wait_for(lambda: "status.json" in proc.log(), 10, "the status write to fail")
+        wait_for(lambda: "status.json" in proc.log(), PATIENCE, "the status write to fail")
         status.rmdir()
-        wait_for(status.is_file, 10, "the status writer to write it after all")
+        wait_for(status.is_file, PATIENCE, "the status writer to write it after all")
         assert json.loads(status.read_bytes())["ready"] is True
         assert proc.stop() == 0
         log = proc.log()

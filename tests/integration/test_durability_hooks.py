@@ -43,7 +43,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Hook, HookContext
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, qos_class
 from tests.lab.kubelet_encoding import burstable_pod
@@ -259,10 +259,10 @@ def test_a_call_whose_hook_keeps_state_fails_before_the_runtime_acts_and_recover
             cid = _create_and_start(via, pinned, app)
             assert _cpus(direct, cid) == "1"
 
-        wait_for(lambda: _matches(state, direct), 15, "`crihook state` to match containerd")
+        wait_for(lambda: _matches(state, direct), PATIENCE, "`crihook state` to match containerd")
         wait_for(
             lambda: (_state(state)["status"] or {}).get("store", {}).get("degraded", "?") is None,
-            15,
+            PATIENCE,
             "status.json to show the store recovered",
         )
         doc = _state(state)
@@ -332,7 +332,7 @@ class _Held(threading.Thread):
 
     def wait_entered(self) -> None:
         entered = Path(f"{self.gate}.entered")
-        wait_for(entered.exists, 15, "the held call to reach the gate")
+        wait_for(entered.exists, PATIENCE, "the held call to reach the gate")
 
     def release(self) -> None:
         self.gate.touch()
@@ -472,7 +472,7 @@ def test_a_sandbox_containerd_kept_after_a_kill_mid_run_pod_sandbox_reaches_the_
                     failure = exc
                 finally:
                     killer.done.set()
-                    killer.join(10)
+                    killer.join(PATIENCE)
                 if killer.killed is None and failure is not None:
                     raise failure  # failed with containerd alive: not what this test is about
                 if killer.killed is not None:
@@ -489,7 +489,7 @@ def test_a_sandbox_containerd_kept_after_a_kill_mid_run_pod_sandbox_reaches_the_
         assert [(p.id, p.state) for p in kept] == [(killer.killed, api_pb2.SANDBOX_NOTREADY)]
         wait_for(
             lambda: killer.killed in _state(proc.state_dir)["pods"],
-            15,
+            PATIENCE,
             "crihook's store to learn of the sandbox containerd kept",
         )
         view = _state(proc.state_dir)["pods"][killer.killed]["view"]

@@ -24,7 +24,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
@@ -64,7 +64,7 @@ class Node:
 
     def run(self, spec: PodSpec) -> Pod:
         request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
-        sandbox = self.stub.RunPodSandbox(request, timeout=10).pod_sandbox_id
+        sandbox = self.stub.RunPodSandbox(request, timeout=60).pod_sandbox_id
         pod = Pod(spec, sandbox, {})
         for container in spec.containers:
             create = api_pb2.CreateContainerRequest(
@@ -72,16 +72,16 @@ class Node:
                 config=container_config(spec, container, node_memory=NODE_MEMORY),
                 sandbox_config=sandbox_config(spec),
             )
-            cid = self.stub.CreateContainer(create, timeout=10).container_id
-            self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=10)
+            cid = self.stub.CreateContainer(create, timeout=60).container_id
+            self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=60)
             pod.containers[container.name] = cid
         return pod
 
     def remove(self, pod: Pod) -> None:
         """As kubelet tears a pod down: containers stopped and removed, then the sandbox."""
         for cid in pod.containers.values():
-            self.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=10)
-            self.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=10)
+            self.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=60)
+            self.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=60)
         self.stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox))
         self.stub.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox))
 
@@ -102,7 +102,7 @@ class Node:
         """The CPU ledger on disk once `until` holds for it: reservations are written ahead,
         what post stages change (a container's CPUs given back) behind the answer."""
         name = "cpuset" if self.alongside else "koordinator"
-        wait_for(lambda: until(self.proc.hook_state(name)), 5, f"{name}'s state written")
+        wait_for(lambda: until(self.proc.hook_state(name)), PATIENCE, f"{name}'s state written")
         return self.proc.hook_state(name)
 
 
@@ -234,7 +234,7 @@ def test_a_mixed_lsr_ls_be_workload_on_48_cpus(node: Node) -> None:
     job = be[1].containers["job"]
     kubelet = api_pb2.LinuxContainerResources(cpu_shares=2, cpu_period=100_000)
     node.stub.UpdateContainerResources(
-        api_pb2.UpdateContainerResourcesRequest(container_id=job, linux=kubelet), timeout=10
+        api_pb2.UpdateContainerResourcesRequest(container_id=job, linux=kubelet), timeout=60
     )
     res = node.runtime.containers[job].resources
     assert (res.cpu_shares, res.cpu_quota, res.memory_limit_in_bytes) == (512, 100_000, 2 * GIB)

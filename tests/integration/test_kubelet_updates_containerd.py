@@ -40,7 +40,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from tests.lab.containerd import Containerd
 from tests.lab.crictl import Crictl
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec
 from tests.lab.kubelet_encoding import burstable_pod, cpu_manager_update, resize_update
@@ -132,7 +132,7 @@ def cpu_resize(kubelet: KubeletClient, pod: Running) -> None:
 def oom_state_when(
     proc: CrihookProcess, predicate: Callable[[dict[str, Any]], bool], what: str
 ) -> dict[str, Any]:
-    wait_for(lambda: predicate(proc.hook_state("oom")), 10, f"oom's state: {what}")
+    wait_for(lambda: predicate(proc.hook_state("oom")), PATIENCE, f"oom's state: {what}")
     return proc.hook_state("oom")
 
 
@@ -225,7 +225,7 @@ def numa_state_when(proc: CrihookProcess, pod: Running, size: int) -> None:
             [b["size"] for b in placed(proc, pod)] == [size]
             and not proc.hook_state("numa").get("resizing")
         ),
-        10,
+        PATIENCE,
         f"numa's state: {size} bytes placed, no resize pending",
     )
 
@@ -329,7 +329,7 @@ def test_a_pod_removed_without_crihook_is_forgotten_and_what_it_held_given_back(
         )
         wait_for(
             lambda: "pods: 2  containers: 1" in crihook_state(proc),
-            30,
+            PATIENCE,
             "the removed container written",
             interval=0.2,
         )
@@ -339,7 +339,7 @@ def test_a_pod_removed_without_crihook_is_forgotten_and_what_it_held_given_back(
             doc = json.loads(crihook_state(proc, "--json"))
             return set(doc["pods"]) == {shared.handle.sandbox_id}
 
-        wait_for(forgotten, 30, "the removed pod forgotten", interval=0.2)
+        wait_for(forgotten, PATIENCE, "the removed pod forgotten", interval=0.2)
         shown = crihook_state(proc)
         assert "pods: 1  containers: 1" in shown
         # What kubelet tells the runtime of a container: no kind (init or not) to print.
@@ -347,6 +347,6 @@ def test_a_pod_removed_without_crihook_is_forgotten_and_what_it_held_given_back(
         assert "kind=" not in shown
         assert "removed without crihook" in proc.log()
         # Nothing holds CPU 1 any more: the shared pool has it back.
-        wait_for(lambda: cpuset(shared) == "0-1", 30, "the shared pool widened")
+        wait_for(lambda: cpuset(shared) == "0-1", PATIENCE, "the shared pool widened")
         taken = run(kubelet, "guaranteed", "again", pod_cleanup)
         assert cpuset(taken) == "1"

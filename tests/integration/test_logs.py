@@ -43,15 +43,15 @@ def _pod(stub: api_pb2_grpc.RuntimeServiceStub, name: str, env_name: str, secret
     annotation = json.dumps([{"name": env_name, "value": f"http://user:{secret}@proxy:3128"}])
     spec = PodSpec(name=name, containers=[app], annotations={"env.crihook.io/pod": annotation})
     sandbox = stub.RunPodSandbox(
-        api_pb2.RunPodSandboxRequest(config=sandbox_config(spec)), timeout=10
+        api_pb2.RunPodSandboxRequest(config=sandbox_config(spec)), timeout=60
     ).pod_sandbox_id
     request = api_pb2.CreateContainerRequest(
         pod_sandbox_id=sandbox,
         config=container_config(spec, app, node_memory=64 << 30),
         sandbox_config=sandbox_config(spec),
     )
-    cid = stub.CreateContainer(request, timeout=10).container_id
-    stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=10)
+    cid = stub.CreateContainer(request, timeout=60).container_id
+    stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=60)
 
 
 def test_no_env_value_or_secret_reaches_the_log_at_debug(

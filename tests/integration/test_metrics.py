@@ -61,7 +61,7 @@ def fake() -> Iterator[FakeRuntime]:
 def _call(endpoint: str, method: str, request: bytes = b"") -> grpc.StatusCode:
     with grpc.insecure_channel(endpoint) as channel:
         try:
-            channel.unary_unary(method)(request, timeout=10)
+            channel.unary_unary(method)(request, timeout=60)
         except grpc.RpcError as exc:
             return exc.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
@@ -251,7 +251,7 @@ def test_streams_and_unknown_methods_are_counted_not_timed(
     with CrihookProcess(fake.endpoint, workdir, args=args, data_path=data_path) as proc:
         before = scrape(address)
         with grpc.insecure_channel(proc.endpoint) as channel:
-            events = channel.unary_stream(RUNTIME + "GetContainerEvents")(b"", timeout=10)
+            events = channel.unary_stream(RUNTIME + "GetContainerEvents")(b"", timeout=60)
             assert len(list(events)) == 2
         # A method of a newer kubelet: forwarded, counted as `other` (no series per name).
         assert _call(proc.endpoint, RUNTIME + "SomethingNew") == grpc.StatusCode.OK
@@ -325,11 +325,11 @@ def _churn(node: Node, prefix: str, count: int) -> list[str]:
         spec = PodSpec(name=f"{prefix}-{i}", namespace=f"ns-{prefix}-{i}", containers=[app])
         sandbox = node.run_pod(spec)
         cid = node.create(spec, sandbox, app)
-        node.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=10)
-        node.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=10)
-        node.stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=10)
+        node.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=60)
+        node.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=60)
+        node.stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
         node.stub.RemovePodSandbox(
-            api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=10
+            api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
         )
         seen += [spec.name, spec.uid, spec.namespace, app.name, sandbox, cid]
     return seen
@@ -395,7 +395,7 @@ def test_pool_gauges_follow_exclusive_cpus_and_numa_memory(pool_node: tuple[Node
         )
         taken = value(held, "crihook_pool_memory_bytes", numa_node=n, **memory)
         assert free == allocatable - taken
-    node.stub.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=10)
+    node.stub.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
     after = scrape(address)
     assert value(after, "crihook_pool_cpus", pool="exclusive") == 0
     assert value(after, "crihook_pool_cpus", pool="shared") == online
@@ -442,7 +442,7 @@ def test_device_pool_gauges_follow_what_containers_hold() -> None:
             node.create(spec, sandbox, app)
             held = scrape(address)
             node.stub.RemovePodSandbox(
-                api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=10
+                api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
             )
         after = scrape(address)
     finally:

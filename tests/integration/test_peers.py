@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -58,10 +57,8 @@ def test_containerd2_binaries() -> None:
 
 def test_a_second_install_builds_nothing() -> None:
     for bundle in peers.BUNDLES.values():
-        start = time.monotonic()
         found = peers.install(bundle, quiet=True)
         assert not found.built
-        assert time.monotonic() - start < 2
         assert set(found.seconds) == {b.binary for b in bundle.builds}
 
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.plugin_proc import KEY, Plugin
 
@@ -51,7 +51,7 @@ def create_request(
 
 def create(proc: CrihookProcess, request: api_pb2.CreateContainerRequest) -> None:
     with grpc.insecure_channel(proc.endpoint) as channel:
-        channel.unary_unary(CREATE)(request.SerializeToString(), timeout=15)
+        channel.unary_unary(CREATE)(request.SerializeToString(), timeout=60)
 
 
 def refused(proc: CrihookProcess, request: api_pb2.CreateContainerRequest) -> grpc.RpcError:
@@ -87,14 +87,16 @@ def _hooks(proc: CrihookProcess) -> list[dict[str, Any]]:
 def wait_counter(proc: CrihookProcess, name: str, counter: str, value: int) -> None:
     wait_for(
         lambda: hook_status(proc, name).get("counters", {}).get(counter) == value,
-        20,
+        PATIENCE,
         f"{name} {counter} == {value}",
     )
 
 
 def wait_connected(proc: CrihookProcess, name: str) -> None:
     wait_for(
-        lambda: hook_status(proc, name).get("connected"), 20, f"{name} connected\n{proc.log()}"
+        lambda: hook_status(proc, name).get("connected"),
+        PATIENCE,
+        f"{name} connected\n{proc.log()}",
     )
 
 
@@ -164,7 +166,9 @@ def test_a_narrowed_annotation_grant_refuses_another_key(fake: FakeRuntime) -> N
             # without the other plugin the granted key goes through
             (proc.plugins_dir / "60-theirs.toml").unlink()  # drop-ins are rescanned each second
             wait_for(
-                lambda: "60-theirs" not in {h["name"] for h in _hooks(proc)}, 20, "theirs unloaded"
+                lambda: "60-theirs" not in {h["name"] for h in _hooks(proc)},
+                PATIENCE,
+                "theirs unloaded",
             )
             create(proc, create_request())
             [sent] = forwarded(fake)
@@ -230,7 +234,7 @@ def test_a_required_plugin_that_is_down_fails_the_call_whatever_its_policy(
         create(proc, request)  # while it is up, the call goes through with its annotation
         assert forwarded(fake)[-1].config.annotations["other.io/x"] == "by-plugin"
         plugin.stop()
-        wait_for(lambda: not hook_status(proc, "50-annotate")["connected"], 20, "plugin down")
+        wait_for(lambda: not hook_status(proc, "50-annotate")["connected"], PATIENCE, "plugin down")
         error = refused(proc, request)
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "'50-annotate' is required by" in error.details(), error.details()
@@ -267,5 +271,5 @@ def test_a_required_hook_missing_from_the_chain_fails_shaping_calls_not_teardown
         assert forwarded(fake) == []
         stop = api_pb2.StopContainerRequest(container_id=CONTAINER_ID).SerializeToString()
         with grpc.insecure_channel(proc.endpoint) as channel:
-            channel.unary_unary("/runtime.v1.RuntimeService/StopContainer")(stop, timeout=15)
+            channel.unary_unary("/runtime.v1.RuntimeService/StopContainer")(stop, timeout=60)
         assert [c.request for c in fake.calls("StopContainer")] == [stop]

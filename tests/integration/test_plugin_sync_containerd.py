@@ -8,8 +8,9 @@ import json
 import subprocess
 import sys
 
+from crihook.proxy.state_cli import load_state
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
 from tests.lab.kubelet_encoding import burstable_pod
@@ -34,7 +35,7 @@ def test_synchronize_repairs_are_sent_to_the_runtime(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_for(sock.exists, 15, "the plugin's socket")
+        wait_for(sock.exists, PATIENCE, "the plugin's socket")
         proc = CrihookProcess(containerd.endpoint, hooks=None)
         (proc.plugins_dir / "50-sync.toml").write_text(
             f'name = "50-sync"\nendpoint = "unix://{sock}"\n'
@@ -45,15 +46,16 @@ def test_synchronize_repairs_are_sent_to_the_runtime(
                 status = kubelet_direct.container_status(cid).status
                 return status.resources.linux.cpu_shares == 333
 
-            wait_for(repaired, 30, f"the repair in containerd\n{proc.log()[-3000:]}")
-            wait_for(
-                lambda: "cpu_shares" in _state(proc)["containers"].get(cid, {}).get("audit", {}),
-                10,
-                "the audit of the repair",
-            )
+            wait_for(repaired, PATIENCE, f"the repair in containerd\n{proc.log()[-3000:]}")
+
+            def audited() -> bool:  # read here: a `crihook state` per poll is seconds under load
+                audit = load_state(proc.state_dir)["containers"].get(cid, {}).get("audit", {})
+                return "cpu_shares" in audit
+
+            wait_for(audited, PATIENCE, "the audit of the repair")
             audit = _state(proc)["containers"][cid]["audit"]["cpu_shares"]
             assert (audit["hook"], audit["value"], audit["event"]) == ("50-sync", 333, "update")
             assert proc.stop() == 0
     finally:
         plugin.terminate()
-        plugin.wait(10)
+        plugin.wait(PATIENCE)

@@ -26,7 +26,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import DATA_PATHS, CrihookProcess, wait_for
+from tests.lab.crihook_proc import DATA_PATHS, PATIENCE, CrihookProcess, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.images import BUSYBOX_REF
 from tests.lab.kubelet import KubeletClient, PodHandle
@@ -177,7 +177,7 @@ READ_ONLY = [
         lambda h: api_pb2.ExecSyncRequest(
             container_id=h.container_ids["app"],
             cmd=["sh", "-c", "echo out; echo err >&2; exit 3"],
-            timeout=10,
+            timeout=60,
         ),
     ),
     ("img", "ListImages", lambda h: api_pb2.ListImagesRequest()),
@@ -217,22 +217,22 @@ def test_streaming_urls_and_runtime_config_calls(
     _, proxied = both
     cid = handle.container_ids["app"]
     exec_url = proxied.rt.Exec(
-        api_pb2.ExecRequest(container_id=cid, cmd=["sh"], stdout=True), timeout=10
+        api_pb2.ExecRequest(container_id=cid, cmd=["sh"], stdout=True), timeout=60
     ).url
     attach_url = proxied.rt.Attach(
-        api_pb2.AttachRequest(container_id=cid, stdout=True), timeout=10
+        api_pb2.AttachRequest(container_id=cid, stdout=True), timeout=60
     ).url
     pf_url = proxied.rt.PortForward(
-        api_pb2.PortForwardRequest(pod_sandbox_id=handle.sandbox_id, port=[80]), timeout=10
+        api_pb2.PortForwardRequest(pod_sandbox_id=handle.sandbox_id, port=[80]), timeout=60
     ).url
     for url, kind in ((exec_url, "exec"), (attach_url, "attach"), (pf_url, "portforward")):
         assert url.startswith("http://127.0.0.1:") and f"/{kind}/" in url
-    proxied.rt.ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id=cid), timeout=10)
+    proxied.rt.ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id=cid), timeout=60)
     proxied.rt.UpdateRuntimeConfig(
         api_pb2.UpdateRuntimeConfigRequest(
             runtime_config=api_pb2.RuntimeConfig(network_config=api_pb2.NetworkConfig(pod_cidr=""))
         ),
-        timeout=10,
+        timeout=60,
     )
 
 
@@ -307,7 +307,7 @@ def _outcome(stubs: Stubs, method: str) -> tuple[grpc.StatusCode, object]:
     request, _, answer_type = NEWER_METHODS[method]
     call = stubs.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
     try:
-        answer = call(request, timeout=10)
+        answer = call(request, timeout=60)
     except grpc.RpcError as exc:
         return exc.code(), exc.details()
     assert answer_type is not None, f"{method} answered"
@@ -331,7 +331,7 @@ def test_get_container_events_through_crihook(
         # containerd 1.6 lacks GetContainerEvents: the same status both ways.
         results = []
         for stubs in both:
-            stream = stubs.rt.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=10)
+            stream = stubs.rt.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=60)
             with pytest.raises(grpc.RpcError) as err:
                 list(stream)
             results.append((err.value.code(), err.value.details()))
@@ -356,7 +356,7 @@ def test_get_container_events_through_crihook(
         stopped = _next_event_of(events, cid)
     finally:
         stream.cancel()
-        reader.join(10)
+        reader.join(PATIENCE)
     assert stopped.container_event_type == api_pb2.CONTAINER_STOPPED_EVENT
     assert stopped.pod_sandbox_status.id == handle.sandbox_id
     assert stopped.pod_sandbox_status.metadata.name == "events"
@@ -475,16 +475,18 @@ def test_containerd_killed_and_restarted_under_load(
     for w in workers:
         w.start()
     try:
-        wait_for(lambda: outcomes.count("ok") > 20, 10, "load before the kill")
+        wait_for(lambda: outcomes.count("ok") > 20, PATIENCE, "load before the kill")
         containerd.kill()
-        wait_for(lambda: "UNAVAILABLE" in outcomes, 10, "calls to fail while containerd is down")
+        wait_for(
+            lambda: "UNAVAILABLE" in outcomes, PATIENCE, "calls to fail while containerd is down"
+        )
         containerd.restart()
         before = outcomes.count("ok")
-        wait_for(lambda: outcomes.count("ok") > before + 20, 20, "calls to succeed again")
+        wait_for(lambda: outcomes.count("ok") > before + 20, PATIENCE, "calls to succeed again")
     finally:
         stop.set()
         for w in workers:
-            w.join(10)
+            w.join(PATIENCE)
     assert crihook.proc is not None and crihook.proc.poll() is None
     # What a client talking to containerd directly sees too: connection errors, and
     # containerd's own answer while its CRI plugin starts.
@@ -497,6 +499,6 @@ def test_containerd_killed_and_restarted_under_load(
     assert not unexpected
     # The pod survived (the shims outlive containerd) and is still reachable through crihook.
     status = proxied.rt.ContainerStatus(
-        api_pb2.ContainerStatusRequest(container_id=handle.container_ids["app"]), timeout=10
+        api_pb2.ContainerStatusRequest(container_id=handle.container_ids["app"]), timeout=60
     )
     assert status.status.state == api_pb2.CONTAINER_RUNNING

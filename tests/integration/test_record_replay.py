@@ -28,7 +28,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.node import Topology, parse_cpu_list
 from crihook.proxy.record import RESUME_SECONDS
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.plugin_proc import KEY, Plugin
@@ -71,13 +71,13 @@ class Kubelet:
         ids = []
         for container in spec.containers:
             cid = self.create(spec, sandbox, container)
-            self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=10)
+            self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=60)
             ids.append(cid)
         return sandbox, ids
 
     def sandbox(self, spec: PodSpec) -> str:
         request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
-        return str(self.stub.RunPodSandbox(request, timeout=10).pod_sandbox_id)
+        return str(self.stub.RunPodSandbox(request, timeout=60).pod_sandbox_id)
 
     def create(self, spec: PodSpec, sandbox: str, container: ContainerSpec) -> str:
         request = api_pb2.CreateContainerRequest(
@@ -85,15 +85,15 @@ class Kubelet:
             config=container_config(spec, container, node_memory=NODE_MEMORY),
             sandbox_config=sandbox_config(spec),
         )
-        return str(self.stub.CreateContainer(request, timeout=10).container_id)
+        return str(self.stub.CreateContainer(request, timeout=60).container_id)
 
     def remove(self, sandbox: str, containers: list[str]) -> None:
         for cid in containers:
-            self.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=10)
-            self.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=10)
-        self.stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=10)
+            self.stub.StopContainer(api_pb2.StopContainerRequest(container_id=cid), timeout=60)
+            self.stub.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=cid), timeout=60)
+        self.stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
         self.stub.RemovePodSandbox(
-            api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=10
+            api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
         )
 
 
@@ -138,7 +138,7 @@ def record(workdir: Path, extra_args: list[str]) -> Recorded:
             # kubelet resizes the burstable container (its shares and limit).
             resize = api_pb2.LinuxContainerResources(cpu_shares=1024, memory_limit_in_bytes=GIB)
             kubelet.stub.UpdateContainerResources(
-                api_pb2.UpdateContainerResourcesRequest(container_id=web, linux=resize), timeout=10
+                api_pb2.UpdateContainerResourcesRequest(container_id=web, linux=resize), timeout=60
             )
         assert proc.stop() == 0
         # A restart: the new crihook appends its own part, after its synchronize.
@@ -320,7 +320,7 @@ def test_a_full_disk_never_fails_a_call() -> None:
                 def written() -> bool:  # (lines go through the renderer process first)
                     return path.exists() and b'"kind":"call"' in path.read_bytes()
 
-                wait_for(written, 10, "the first calls to be written")
+                wait_for(written, PATIENCE, "the first calls to be written")
                 disk.fill()
                 for i in range(3):  # every call succeeds, recorded or not
                     kubelet.pod(guaranteed(f"full{i}", 2))
@@ -331,7 +331,7 @@ def test_a_full_disk_never_fails_a_call() -> None:
                         return False
                     return bool(json.loads(path.read_text())["recording"]["dropped"])
 
-                wait_for(dropped, 10, "the recording to count lost lines")
+                wait_for(dropped, PATIENCE, "the recording to count lost lines")
                 status = json.loads((proc.state_dir / "status.json").read_text())
                 assert status["recording"]["write_failures"] >= 1
                 assert "No space left" in status["recording"]["last_error"]
@@ -345,7 +345,7 @@ def test_a_full_disk_never_fails_a_call() -> None:
                     status = json.loads((proc.state_dir / "status.json").read_text())
                     return status["recording"]["failing_since"] is None
 
-                wait_for(resumed, 10, "the recording to work again")
+                wait_for(resumed, PATIENCE, "the recording to work again")
                 kubelet.pod(guaranteed("later", 2))
             assert proc.stop() == 0
         finally:
@@ -389,7 +389,7 @@ def test_a_stopped_renderer_never_holds_a_call_back() -> None:
             def first_written() -> bool:
                 return path.exists() and b'"kind":"call"' in path.read_bytes()
 
-            wait_for(first_written, 10, "the first calls to be written")
+            wait_for(first_written, PATIENCE, "the first calls to be written")
             renderer = _renderer_of(proc)
             assert _scheduling_policy(renderer) == "SCHED_IDLE"
             os.kill(renderer, signal.SIGSTOP)
@@ -403,7 +403,7 @@ def test_a_stopped_renderer_never_holds_a_call_back() -> None:
             def written() -> bool:
                 return path.read_bytes().count(b'"pod":"default/stopped') >= 9
 
-            wait_for(written, 10, "the renderer to write what it held")
+            wait_for(written, PATIENCE, "the renderer to write what it held")
         assert proc.stop() == 0
     finally:
         proc.kill()
@@ -531,7 +531,7 @@ def test_pods_removed_without_crihook_are_forgotten_in_the_recording_and_the_rep
             g1, (c1,) = kubelet.pod(guaranteed("g1", 24))
             held = parse_cpu_list(runtime.cpuset_of(c1))
             Kubelet(api_pb2_grpc.RuntimeServiceStub(direct)).remove(g1, [c1])  # behind its back
-            wait_for(lambda: "removed without crihook" in proc.log(), 30, "the pod forgotten")
+            wait_for(lambda: "removed without crihook" in proc.log(), PATIENCE, "the pod forgotten")
             _, (c2,) = kubelet.pod(guaranteed("g2", 24))
             assert parse_cpu_list(runtime.cpuset_of(c2)) == held
         assert proc.stop() == 0

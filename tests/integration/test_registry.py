@@ -109,7 +109,7 @@ def test_registry_refuses_a_non_loopback_address() -> None:
 def test_registry_over_http() -> None:
     catalog, digest, config_digest = _image(b"over http")
     with Registry(catalog) as registry:
-        conn = http.client.HTTPConnection("127.0.0.1", registry.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", registry.port, timeout=60)
         try:
             conn.request("GET", "/v2/")
             base = conn.getresponse()

@@ -23,7 +23,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
@@ -51,7 +51,7 @@ class Node:
 
     def run_pod(self, spec: PodSpec) -> str:
         request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
-        return str(self.stub.RunPodSandbox(request, timeout=10).pod_sandbox_id)
+        return str(self.stub.RunPodSandbox(request, timeout=60).pod_sandbox_id)
 
     def create(self, spec: PodSpec, sandbox_id: str, container: ContainerSpec) -> str:
         request = api_pb2.CreateContainerRequest(
@@ -59,8 +59,8 @@ class Node:
             config=container_config(spec, container, node_memory=NODE_MEMORY),
             sandbox_config=sandbox_config(spec),
         )
-        cid = str(self.stub.CreateContainer(request, timeout=10).container_id)
-        self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=10)
+        cid = str(self.stub.CreateContainer(request, timeout=60).container_id)
+        self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=60)
         return cid
 
     def pod(self, name: str, cpus: int | None, memory: int = GIB, **kw: object) -> tuple[str, str]:
@@ -88,7 +88,7 @@ class Node:
             doc = self.proc.hook_state(name)
             return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
 
-        wait_for(settled, 5, f"{name}'s state written")
+        wait_for(settled, PATIENCE, f"{name}'s state written")
         return self.proc.hook_state(name)
 
 
@@ -332,7 +332,7 @@ def test_a_call_with_an_unknown_outcome_keeps_its_cpus_until_the_runtime_says(
         state = node.hook_state("cpuset")
         return f"c:{created.id}" in state
 
-    wait_for(confirmed, 10, "the late container confirmed")
+    wait_for(confirmed, PATIENCE, "the late container confirmed")
     held = node.hook_state("cpuset")[f"c:{created.id}"]
     assert parse_cpu_list(held["cpus"]) == parse_cpu_list(created.resources.cpuset_cpus)
 
@@ -344,7 +344,7 @@ def test_a_call_with_an_unknown_outcome_keeps_its_cpus_until_the_runtime_says(
         node.create(spec2, sandbox2, app)
     wait_for(
         lambda: not any(k.startswith("r:") for k in node.proc.hook_state("cpuset")),
-        10,
+        PATIENCE,
         "the lost reservation released",
     )
 
@@ -370,7 +370,7 @@ def test_a_restored_pod_is_known_placed_and_counted(fixture_node: Node) -> None:
     request = api_pb2.RestorePodRequest(
         path="/var/lib/checkpoints/pod", config=sandbox_config(spec), container_configs=[config]
     )
-    sandbox = node.stub.RestorePod(request, timeout=10).pod_sandbox_id
+    sandbox = node.stub.RestorePod(request, timeout=60).pod_sandbox_id
     (restored,) = [c for c in node.runtime.containers.values() if c.pod_id == sandbox]
 
     def placed() -> bool:
@@ -378,11 +378,11 @@ def test_a_restored_pod_is_known_placed_and_counted(fixture_node: Node) -> None:
         held = state.get(f"c:{restored.id}")
         return held is not None and bool(held["cpus"])
 
-    wait_for(placed, 10, "the restored container placed")
+    wait_for(placed, PATIENCE, "the restored container placed")
     cpus = parse_cpu_list(node.hook_state("cpuset")[f"c:{restored.id}"]["cpus"])
     assert len(cpus) == 4 and not cpus & taken
     # The runtime was told: the container now runs on its new CPUs.
-    wait_for(lambda: node.cpus(restored.id) == cpus, 5, "the restored container moved")
+    wait_for(lambda: node.cpus(restored.id) == cpus, PATIENCE, "the restored container moved")
     # And counted: the next pod does not get them either.
     _, after = node.pod("after", 4)
     assert not node.cpus(after) & (cpus | taken)
@@ -425,7 +425,7 @@ def test_resizes_of_exclusive_cpus_are_refused_and_reverts_pass(fixture_node: No
             cpu_shares=milli * 1024 // 1000, cpu_quota=milli * 100, cpu_period=100_000
         )
         node.stub.UpdateContainerResources(
-            api_pb2.UpdateContainerResourcesRequest(container_id=cid, linux=linux), timeout=10
+            api_pb2.UpdateContainerResourcesRequest(container_id=cid, linux=linux), timeout=60
         )
 
     with pytest.raises(grpc.RpcError) as info:
@@ -445,13 +445,13 @@ def test_resizes_of_exclusive_cpus_are_refused_and_reverts_pass(fixture_node: No
         pod_sandbox_id=sandbox, resources=api_pb2.LinuxContainerResources(cpu_shares=4096)
     )
     with pytest.raises(grpc.RpcError) as info:
-        node.stub.UpdatePodSandboxResources(grow, timeout=10)
+        node.stub.UpdatePodSandboxResources(grow, timeout=60)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert not node.runtime.calls("UpdatePodSandboxResources")
     same = api_pb2.UpdatePodSandboxResourcesRequest(
         pod_sandbox_id=sandbox, resources=api_pb2.LinuxContainerResources(cpu_shares=2048)
     )
-    node.stub.UpdatePodSandboxResources(same, timeout=10)
+    node.stub.UpdatePodSandboxResources(same, timeout=60)
     assert len(node.runtime.calls("UpdatePodSandboxResources")) == 1
 
 
@@ -486,5 +486,5 @@ def test_a_sandbox_refused_after_the_runtime_made_it_is_undone(fixture_node: Nod
     def released() -> bool:  # the release is written behind
         return len(node.proc.hook_state("refuse")["held"]) == 1  # only the pod that runs
 
-    wait_for(released, 5, "the refused pod's reservation released")
+    wait_for(released, PATIENCE, "the refused pod's reservation released")
     assert "cannot set up the network" in node.proc.hook_state("refuse")["told"][0]

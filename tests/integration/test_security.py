@@ -31,9 +31,10 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.devices import DevicesHook
 from crihook.hooks.spec import Forbidden, InvalidRequest
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
+from tests.lab.metrics_scrape import scrape, value
 from tests.unit.hook_harness import SMALL, Node, burstable, topology_of
 
 NOBODY = 65534
@@ -225,7 +226,7 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
     plugin = subprocess.Popen([sys.executable, str(script), str(sock)], stdout=log, stderr=log)
     log.close()
     try:
-        wait_for(sock.exists, 15, "the hostile plugin's socket")
+        wait_for(sock.exists, PATIENCE, "the hostile plugin's socket")
         proc = CrihookProcess(runtime.endpoint)
         (proc.plugins_dir / "hostile.toml").write_text(
             f'name = "50-hostile"\nendpoint = "unix://{sock}"\nfailure_policy = "ignore"\n'
@@ -238,14 +239,14 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
             create = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")
             sandbox = sandbox_config(spec)
             answer = run(
-                api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=10
+                api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=60
             )
             sid = api_pb2.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
             config = container_config(spec, spec.containers[0], node_memory=1 << 34)
             request = api_pb2.CreateContainerRequest(
                 pod_sandbox_id=sid, config=config, sandbox_config=sandbox
             )
-            create(request.SerializeToString(), timeout=10)
+            create(request.SerializeToString(), timeout=60)
         # The plugin was heard: its labels reached the runtime, its updates were sent.
         (created,) = runtime.containers.values()
         assert created.config.labels[".."] == ".."
@@ -254,11 +255,137 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
             for r in runtime.calls("UpdateContainerResources")
         }
         assert {"..", "a/../../b", f"../../{target}"} <= updated
-        wait_for(lambda: "50-hostile" in proc.log(), 10, "the plugin in the chain")
+        wait_for(lambda: "50-hostile" in proc.log(), PATIENCE, "the plugin in the chain")
         proc.stop()
         assert _files(outside) == set(), "crihook wrote outside its state directory"
-        assert _files(proc.state_dir) <= {"store.json", "status.json", "node.json", "hooks"}
+        state_files = {"store.json", "status.json", "node.json", "hooks", "crihook.lock"}
+        assert _files(proc.state_dir) <= state_files
         assert plugin.poll() is None  # it was served, not crashed
     finally:
         plugin.kill()
         plugin.wait()
+
+
+# --- the state directory and the recording are root's alone ----------------------------------
+
+
+def _modes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root.parent)): oct(p.lstat().st_mode & 0o777)
+        for p in [root, *root.rglob("*")]
+        if not p.name.startswith(".")
+    }
+
+
+def test_the_state_directory_and_the_recording_are_root_s_alone(
+    runtime: MemoryRuntime,
+) -> None:
+    """store.json carries pods' annotations as kubelet sent them (tokens, passwords): the
+    state directory is 0700 and each file in it 0600, whatever the umask; a state directory
+    an older crihook left readable is fixed at start, and so is a recording file."""
+    workdir = short_tmpdir("st-")
+    record = workdir / "calls" / "record.jsonl"
+    proc = CrihookProcess(
+        runtime.endpoint, workdir=workdir, hooks="cpuset", args=["--record", str(record)]
+    )
+    state = proc.state_dir
+    (state / "hooks").mkdir(parents=True)
+    (state / "store.json").write_text('{"version": 1, "pods": {}, "containers": {}}')
+    (state / "hooks" / "20-cpuset.json").write_text("{}")
+    record.parent.mkdir()
+    record.write_text("")
+    elsewhere = workdir / "not-state.txt"
+    elsewhere.write_text("x")
+    for path in (state, state / "hooks", record.parent):
+        path.chmod(0o755)
+    for path in (state / "store.json", state / "hooks" / "20-cpuset.json", record, elsewhere):
+        path.chmod(0o644)
+    (state / "link").symlink_to(elsewhere)  # never followed
+    previous = os.umask(0)  # crihook inherits it: nothing may rely on a umask
+    try:
+        proc.start()
+    finally:
+        os.umask(previous)
+    spec = PodSpec(
+        "p", containers=[burstable("app")], annotations={"example.com/api-token": "s3cr3t"}
+    )
+    with grpc.insecure_channel(proc.endpoint) as channel:
+        run = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+        create = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+        sandbox = sandbox_config(spec)
+        answer = run(api_pb2.RunPodSandboxRequest(config=sandbox).SerializeToString(), timeout=60)
+        sid = api_pb2.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
+        config = container_config(spec, spec.containers[0], node_memory=1 << 34)
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=sid, config=config, sandbox_config=sandbox
+        )
+        create(request.SerializeToString(), timeout=60)
+    wait_for(
+        lambda: "s3cr3t" in (state / "store.json").read_text() and (state / "status.json").exists(),
+        60,
+        "the pod in store.json, and status.json",
+    )
+    assert proc.stop() == 0
+    modes = _modes(state)
+    assert {"state/store.json", "state/status.json", "state/hooks/20-cpuset.json"} <= set(modes)
+    expected = {name: "0o700" if (workdir / name).is_dir() else "0o600" for name in modes}
+    expected["state/link"] = "0o777"  # a symlink's own mode; what it names is left alone
+    assert modes == expected
+    assert oct(elsewhere.stat().st_mode & 0o777) == "0o644"
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    assert record.stat().st_size > 0
+    assert "made root's alone" in proc.log()
+
+
+# --- drop-ins: only what root could have written -----------------------------------------------
+
+
+def test_a_users_drop_in_in_a_world_writable_plugins_dir_cannot_fail_every_call(
+    runtime: MemoryRuntime,
+) -> None:
+    """The probe of issue 28: with the plugins directory made world-writable, a user's
+    drop-in with `failure_policy = "fail"` (its plugin never answers) made every RunPodSandbox
+    fail; a second one pointed at the runtime's own socket. Now the directory is refused
+    whole, then (fixed) the user's own file is refused: each refusal a log line naming the
+    file and the reason, and counted; kubelet's calls go on."""
+    workdir = short_tmpdir("dd-")
+    metrics = f"unix://{workdir / 'metrics.sock'}"
+    proc = CrihookProcess(runtime.endpoint, workdir=workdir, args=["--metrics-listen", metrics])
+    proc.plugins_dir.chmod(0o777)  # the misconfiguration
+    user = proc.plugins_dir / "10-user.toml"
+    user.write_text(
+        f'name = "10-evil"\nendpoint = "unix://{workdir}/nothing.sock"\nfailure_policy = "fail"\n'
+    )
+    os.chown(user, NOBODY, NOBODY)
+    runtime_socket = runtime.endpoint.removeprefix("unix://")
+    (proc.plugins_dir / "20-runtime.toml").write_text(
+        f'name = "20-runtime"\nendpoint = "unix://{runtime_socket}"\nfailure_policy = "fail"\n'
+    )
+    proc.start()
+    spec = PodSpec("p", containers=[burstable("app")])
+
+    def run_pod() -> None:
+        with grpc.insecure_channel(proc.endpoint) as channel:
+            run = channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+            request = api_pb2.RunPodSandboxRequest(config=sandbox_config(spec))
+            run(request.SerializeToString(), timeout=60)
+
+    wait_for(lambda: "plugins directory refused" in proc.log(), 60, "the directory refused")
+    run_pod()
+    assert (
+        f"plugins directory refused: {proc.plugins_dir}: the directory is writable by others"
+        in (proc.log())
+    )
+    proc.plugins_dir.chmod(0o755)  # fixed: now each file is judged
+    wait_for(lambda: "plugin drop-in refused" in proc.log(), 60, "the user's drop-in refused")
+    wait_for(lambda: "20-runtime.toml endpoint" in proc.log(), 60, "the runtime's socket refused")
+    run_pod()
+    log = proc.log()
+    assert f"plugin drop-in refused: {user}: it is owned by uid {NOBODY}, not uid 0" in log
+    assert "is the runtime's socket, not a plugin's" in log
+    assert "10-evil" not in log.split("plugin drop-in refused")[0]  # never loaded
+    samples = scrape(metrics)
+    refused = "crihook_plugin_dropins_refused_total"
+    assert value(samples, refused, reason="directory") == 1
+    assert value(samples, refused, reason="owner") == 1
+    assert proc.stop() == 0

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime
 from tests.lab.h2_bytes import PREFACE, SETTINGS, frame, request
 from tests.lab.plugin_proc import Plugin
@@ -35,10 +35,10 @@ def test_a_plugin_refuses_a_malformed_message_clearly_and_serves_on(
 ) -> None:
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
         with pytest.raises(grpc.RpcError) as info:
-            channel.unary_unary(f"{PLUGIN}/{method}")(payload, timeout=10)
+            channel.unary_unary(f"{PLUGIN}/{method}")(payload, timeout=60)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "bad " in info.value.details() and "Request" in info.value.details()
-        assert channel.unary_unary(f"{PLUGIN}/Configure")(b"", timeout=10) is not None
+        assert channel.unary_unary(f"{PLUGIN}/Configure")(b"", timeout=60) is not None
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_when_grpcs_server_stops_serving_crihook_exits_1_to_be_restarted(
         peer.connect(str(proc.socket_path))
         peer.sendall(PREFACE + frame(SETTINGS, 0, 0) + request(poisoned, b""))
         assert proc.proc is not None
-        wait_for(lambda: proc.proc.poll() is not None, 30, "crihook to exit")  # type: ignore[union-attr]
+        wait_for(lambda: proc.proc.poll() is not None, PATIENCE, "crihook to exit")  # type: ignore[union-attr]
     assert proc.proc.returncode == 1
     assert "the gRPC server no longer serves; stopping, exit 1" in proc.log()
 
@@ -81,5 +81,5 @@ def test_on_h2_a_method_name_that_is_not_utf8_closes_only_its_connection(
                 rest += chunk
         assert rest.endswith(b"\x00\x00\x00\x09")  # GOAWAY, COMPRESSION_ERROR, then closed
         with grpc.insecure_channel(proc.endpoint) as channel:
-            assert channel.unary_unary("/runtime.v1.RuntimeService/Version")(b"", timeout=10) == b""
+            assert channel.unary_unary("/runtime.v1.RuntimeService/Version")(b"", timeout=60) == b""
         assert proc.proc is not None and proc.proc.poll() is None

@@ -99,7 +99,7 @@ class Containerd:
         *,
         snapshotter: str | None = None,
         subnet: str | None = None,
-        start_timeout: float = 30.0,
+        start_timeout: float = 120.0,  # a loaded 2-core machine: it answers when it answers
         cni_bin_dir: str = "/usr/lib/cni",
         cgroup_roots: Sequence[str] = ("/kubepods",),
         binaries: ContainerdBinaries | None = None,

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.lab.crihook_proc import short_tmpdir, wait_for
+from tests.lab.crihook_proc import PATIENCE, short_tmpdir, wait_for
 
 __all__ = ["KEY", "Plugin"]
 
@@ -44,7 +44,7 @@ class Plugin:
                 stdout=log,
                 stderr=log,
             )
-        wait_for(self.socket.exists, 10, "the plugin's socket")
+        wait_for(self.socket.exists, PATIENCE, "the plugin's socket")
         return self
 
     def stop(self, sig: int = 15) -> None:

@@ -38,6 +38,18 @@ INVALID_CASES: list[tuple[str, Build, type[Exception], str]] = [
     ("cpu_shares-str", lambda a: a.set_cpu_shares("2"), TypeError, "cpu_shares"),
     ("cpu_quota-below-minus-1", lambda a: a.set_cpu_quota(-2), ValueError, "cpu_quota"),
     ("cpu_period-negative", lambda a: a.set_cpu_period(-1), ValueError, "cpu_period"),
+    # What the kernel and runc refuse (hooks.spec.limits), refused when the hook sets it.
+    ("cpu_period-under-1ms", lambda a: a.set_cpu_period(999), ValueError, "CFS period of 1000"),
+    ("cpu_period-over-1s", lambda a: a.set_cpu_period(1_000_001), ValueError, "to 1000000 µs"),
+    ("cpu_quota-under-1ms", lambda a: a.set_cpu_quota(10), ValueError, "CFS quota of 1000"),
+    ("cpu_shares-1", lambda a: a.set_cpu_shares(1), ValueError, "cpu shares are 2 to 262144"),
+    ("cpu_shares-over", lambda a: a.set_cpu_shares(262_145), ValueError, "2 to 262144"),
+    (
+        "update-shares-1",
+        lambda a: a.update_container("c" * 64, ResourceDelta(cpu_shares=1)),
+        ValueError,
+        "cpu shares are 2 to 262144",
+    ),
     (
         "memory_limit-negative",
         lambda a: a.set_memory_limit(-1),

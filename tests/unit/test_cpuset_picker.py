@@ -344,8 +344,7 @@ def test_take_by_topology_numa_packed(
         assert str(raised.value) == error
         return
     assert _take_packed(_index(topology), available, count, uncore=uncore) == expected
-    if count:
-        assert take_cpus(topology, available, count, uncore_cache=uncore) == expected
+    assert take_cpus(topology, available, count, uncore_cache=uncore) == expected
 
 
 # --- TestTakeByTopologyWithSpreadPhysicalCPUsPreferredOption (distribute-cpus-across-cores) -
@@ -474,7 +473,7 @@ def test_take_by_topology_numa_distributed(
         return
     assert _take_distributed(_index(topology), available, count, group_size) == expected
     # take_cpus derives the group size from full_cores, which refuses partial cores.
-    if count and count % group_size == 0:
+    if count % group_size == 0:
         picked = take_cpus(topology, available, count, spread_numa=True, full_cores=full_cores)
         assert picked == expected
 
@@ -929,7 +928,6 @@ def test_full_cores_counts_only_whole_free_cores() -> None:
 @pytest.mark.parametrize(
     ("available", "count", "message"),
     [
-        pytest.param(cpuset("0-7"), 0, "invalid request for 0 cpus", id="zero"),
         pytest.param(cpuset("0-7"), -2, "invalid request for -2 cpus", id="negative"),
         pytest.param(
             cpuset("0-9,12"), 2, "cpus 8-9,12 are not online on this node (online: 0-7)",
@@ -946,6 +944,29 @@ def test_refusals(available: frozenset[int], count: int, message: str) -> None:
     for spread_numa in (False, True):
         with pytest.raises(CPUAllocationError, match=re.escape(message)):
             take_cpus(S1, available, count, spread_numa=spread_numa)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"spread_numa": True}, {"full_cores": True}, {"spread_cores": True},
+     {"uncore_cache": True}, {"align_socket": True}, {"numa_affinity": frozenset({0})}],
+    ids=["packed", "spread-numa", "full-cores", "spread-cores", "uncore", "socket", "affinity"],
+)  # fmt: skip
+def test_take_zero_cpus_is_the_empty_set_whatever_the_options(options: dict[str, object]) -> None:
+    """kubelet's "take zero cpus" (its accumulator is satisfied at once): the empty set, also
+    with nothing free and with CPUs that are not online."""
+    for available in (cpuset("0-7"), cpuset(""), cpuset("0-9")):
+        assert take_cpus(S1, available, 0, **options) == frozenset()  # type: ignore[arg-type]
+
+
+def test_take_cpus_is_public_where_the_resource_hooks_issue_pinned_it() -> None:
+    import crihook.hooks.cpus as cpus
+    import crihook.hooks.cpuset as cpuset_hook
+
+    for name in ("take_cpus", "cpu_hints", "CPUAllocationError", "SMTAlignmentError"):
+        assert getattr(cpuset_hook, name) is getattr(cpus, name)
+        assert name in cpuset_hook.__all__
+    assert cpuset_hook.take_cpus(S1, cpuset("0-7"), 2) == cpuset("0,4")
 
 
 def test_available_may_be_any_set_of_ints() -> None:

@@ -350,6 +350,12 @@ def test_unit_directories_match_config(unit: Unit, config: dict[str, Any]) -> No
     assert PurePosixPath(config["state_dir"]) in state_dirs(unit)
 
 
+def test_unit_state_directory_is_root_s_alone(unit: Unit) -> None:
+    # store.json holds pods' annotations as kubelet sent them: systemd makes the directory
+    # 0755 unless told otherwise (crihook would fix it at start, a moment later).
+    assert single(unit, "Service", "StateDirectoryMode") == "0700"
+
+
 # --- kubelet drop-in -------------------------------------------------------------------
 
 

@@ -288,11 +288,15 @@ def test_the_peer_stream_limit_is_kept_by_the_opener() -> None:
         (frame(8, 0, 0, b"\0\0\0\0"), "WINDOW_UPDATE of 0"),
         (frame(6, 0, 0, b"short"), "PING"),
         (frame(0, 0x8, 1, b"\x09abc"), "padding"),
+        (frame(1, 0x24, 1, b"\0\0\0"), "too short for its priority"),
+        (frame(8, 0, 1, struct.pack(">L", 10)) + settings(window=h2c.MAX_WINDOW),
+         "window over 2^31-1"),
     ],
     ids=[
         "push-promise", "oversized-frame", "bad-hpack", "data-in-header-block",
         "stray-continuation", "data-on-stream-0", "data-on-unopened", "bad-settings",
-        "zero-window-update", "bad-ping", "bad-padding",
+        "zero-window-update", "bad-ping", "bad-padding", "short-priority",
+        "settings-overflow-a-stream-window",
     ],
 )  # fmt: skip
 def test_protocol_errors_fail_the_connection(wire: bytes, text: str) -> None:
@@ -469,3 +473,27 @@ def test_the_decoder_refuses_bad_indexes_and_oversized_lists() -> None:
         BlockDecoder(1 << 20).decode(b"\xff\x70")  # an index far past both tables
     with pytest.raises(hpack.HPACKError):
         BlockDecoder(100).decode(hpack.Encoder().encode([("a", "b" * 200)]))
+
+
+def test_the_decoder_refuses_a_table_size_update_after_a_field() -> None:
+    """RFC 7541 §4.2: a size update comes first in its block (found by the differential
+    fuzz target, tests/fuzz: crihook decoded the block, the `hpack` package refused it)."""
+    indexed_method = b"\x83"  # :method POST
+    update = b"\x25"  # a dynamic table size update to 5
+    with pytest.raises(hpack.HPACKError):
+        BlockDecoder(1 << 20).decode(indexed_method + update)
+    assert BlockDecoder(1 << 20).decode(update + update + indexed_method) == [(":method", "POST")]
+
+
+def test_a_window_update_past_2_31_resets_only_its_stream() -> None:
+    """RFC 9113 §6.9.1: a stream's window over 2^31-1 ends that stream (RST_STREAM
+    FLOW_CONTROL_ERROR), the connection goes on (found by the h2_connection fuzz target:
+    the window grew past the maximum)."""
+    conn = client()
+    first, second = conn.open_stream(), conn.open_stream()
+    conn.data_to_send()
+    events = conn.receive(frame(8, 0, first, struct.pack(">L", h2c.MAX_WINDOW)))
+    assert events == [Reset(first, h2c.FLOW_CONTROL_ERROR)]
+    assert parse(conn.data_to_send()) == [(3, 0, first, struct.pack(">L", h2c.FLOW_CONTROL_ERROR))]
+    assert not conn.is_open(first) and conn.is_open(second) and not conn.failed
+    assert conn.open_streams == 1

@@ -84,7 +84,9 @@ def _outcome(trace: list[tuple[object, ...]], status: Status | None = None) -> O
 
 def _metrics(tmp_path: Path) -> Metrics:
     chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
-    sources = Sources(chain, Store(tmp_path), Readiness(), lambda: 3, lambda: 0)
+    sources = Sources(
+        chain, Store(tmp_path), Readiness(), lambda: 3, lambda: 0, lambda: {"owner": 2}
+    )
     return Metrics(sources)
 
 
@@ -126,6 +128,9 @@ def test_an_outcome_counts_the_call_and_each_hook_run(tmp_path: Path) -> None:
     assert value(samples, "crihook_hook_duration_seconds_count", hook="10-a", stage="pre") == 1
     assert value(samples, "crihook_container_update_failures_total") == 3
     assert value(samples, "crihook_ready") == 0
+    refused = "crihook_plugin_dropins_refused_total"
+    assert value(samples, refused, reason="owner") == 2
+    assert value(samples, refused, reason="directory") == 0  # every reason, 0 until it happens
 
 
 class _FailingBeside(Hook):

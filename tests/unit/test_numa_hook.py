@@ -28,6 +28,7 @@ from crihook.hooks.spec import (
     ContainerView,
     Event,
     Field,
+    InvalidRequest,
     PodView,
     QoSClass,
     Reject,
@@ -722,3 +723,30 @@ async def test_a_resize_whose_answer_was_not_seen_is_settled_at_synchronize(
     assert blocks(restarted) == {"g": {"app": [((1,), MEMORY, held)]}}
     assert free(restarted, 1) == ALLOCATABLE[1] - held
     assert restarted.state.get("resizing") is None
+
+
+# --- values crihook's door refuses, reaching the hook all the same (an SDK plugin, a replay) ---
+
+
+def test_a_negative_memory_limit_is_an_invalid_request_not_a_crash() -> None:
+    """Issue 28: `--hooks cpuset,numa,oom`, a Guaranteed container with a negative memory
+    limit crashed the hook (ValueError: INTERNAL and a traceback). It is the request's fault:
+    InvalidRequest (INVALID_ARGUMENT) naming the value; -1 is "no limit": nothing accounted."""
+
+    def view(limit: int) -> ContainerView:
+        resources = ResourcesView(qos_class=QoSClass.GUARANTEED, memory_limit_bytes=limit)
+        return ContainerView(id="c1", pod_id="p1", name="app", resources=resources)
+
+    with pytest.raises(InvalidRequest, match="memory_limit_in_bytes -1073741824 is negative"):
+        container_requests(view(-GIB))
+    assert container_requests(view(-1)) is None
+    assert container_requests(view(GIB)) == {MEMORY: GIB}
+
+
+async def test_the_hook_refuses_a_negative_limit_in_both_of_its_create_stages() -> None:
+    node = await start()
+    app = guaranteed("app", 1000, memory=-GIB)
+    sandbox = await pod(node, "neg", app)
+    with pytest.raises(InvalidRequest, match="is negative"):
+        await node.begin_create(sandbox, app)
+    assert saved(node).assignments == {}  # nothing held for the refused call

@@ -10,7 +10,8 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -24,6 +25,7 @@ from crihook.proxy.outcome import Outcome
 from crihook.proxy.record import RESUME_SECONDS, Recorder
 from crihook.proxy.record_format import call_line, encode_line
 from crihook.proxy.replay_file import read_recording
+from tests.lab.crihook_proc import PATIENCE
 from tests.unit.test_replay_file import header, sync
 
 
@@ -130,15 +132,29 @@ def _renderer_pid(rec: Recorder) -> int:
     return pid
 
 
+async def _until(done: Callable[[], bool], what: str) -> None:
+    """Until `done()`, or fail after PATIENCE (the renderer is a process of its own, which a
+    loaded machine may start and run slowly)."""
+    deadline = time.monotonic() + PATIENCE
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {PATIENCE}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
 async def _settled(rec: Recorder, lines: int = 0, dropped: int = 0) -> None:
     """Until the writer took every queued line (it runs in its own thread)."""
-    for _ in range(500):
+
+    def taken() -> bool:
         status = rec.status()
-        if rec.backlog() == 0 and status["lines"] >= lines and status["dropped"] >= dropped:
-            await asyncio.sleep(0.02)
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the writer did not take the lines: {rec.status()}")
+        return rec.backlog() == 0 and status["lines"] >= lines and status["dropped"] >= dropped
+
+    await _until(taken, f"the writer to take the lines ({lines} written, {dropped} dropped)")
+    await asyncio.sleep(0.02)
+
+
+def _kinds(path: Path) -> list[str]:
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()]
 
 
 async def test_past_its_bound_the_file_is_rotated_and_each_file_replays(tmp_path: Path) -> None:
@@ -234,14 +250,13 @@ async def test_a_renderer_that_dies_loses_what_it_held_counted_then_a_new_one_go
     os.kill(pid, signal.SIGSTOP)  # it takes three calls and answers none
     for seq in (3, 4, 5):
         rec.call(outcome(seq))
-    for _ in range(500):
-        if worker.unanswered_frames() == 3:
-            break
-        await asyncio.sleep(0.01)
+    await _until(lambda: worker.unanswered_frames() == 3, "three calls sent to the renderer")
     assert worker.unanswered() == (3, 3)
     os.kill(pid, signal.SIGKILL)
     await _settled(rec, dropped=3)
-    await asyncio.sleep(RESUME_SECONDS)
+    # The new renderer writes the gap, a header and a snapshot before it takes a call: the
+    # next calls are written, not lost (however long the machine takes to start it).
+    await _until(lambda: _kinds(path)[-1:] == ["snapshot"], "the new part after the gap")
     for seq in (6, 7):
         rec.call(outcome(seq))
         await _settled(rec)
@@ -285,10 +300,8 @@ async def test_a_renderer_that_falls_behind_bounds_the_backlog_then_marks_the_ga
     finally:
         os.kill(pid, signal.SIGCONT)
     await _settled(rec, lines=7)
-    for _ in range(500):  # it asks for a new part; the loop takes the snapshot
-        if rec.status()["lines"] >= 10:
-            break
-        await asyncio.sleep(0.01)
+    # It asks for a new part; the loop takes the snapshot.
+    await _until(lambda: rec.status()["lines"] >= 10, "the gap, a header and a snapshot")
     for seq in (13, 14):
         rec.call(outcome(seq))
         await _settled(rec)
@@ -312,10 +325,7 @@ async def test_a_renderer_that_dies_holding_nothing_is_replaced_without_a_gap(
     rec = recorder(path)
     await _first_part(rec)
     os.kill(_renderer_pid(rec), signal.SIGKILL)
-    for _ in range(500):
-        if rec._worker is None:
-            break
-        await asyncio.sleep(0.01)
+    await _until(lambda: rec._worker is None, "the renderer's death to be noticed")
     for seq in (3, 4):
         rec.call(outcome(seq))
         await _settled(rec)

@@ -131,8 +131,10 @@ async def test_update_keeps_what_the_runtime_answered(tmp_path: Path) -> None:
     report = await replay(read_recording(path), REFUSING)
     assert [d.what for d in report.differing[0].differences] == ["status", "forwarded"]
 
+    path.chmod(0o644)
     write_updated(report, REFUSING, None)
 
+    assert path.stat().st_mode & 0o777 == 0o600  # as private as crihook writes a recording
     assert (await replay(read_recording(path))).differing == []  # the header: the new chain
     without = await replay(read_recording(path), hooks="none")
     (difference, *_) = without.differing[0].differences

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from crihook.proxy.cli import main
-from crihook.proxy.state_cli import STALE_SECONDS, liveness, render_state
+from crihook.proxy.errors import StateDirInUseError
+from crihook.proxy.state_cli import STALE_SECONDS, liveness, process_of, render_state
+from crihook.proxy.state_dir import LOCK_FILE, hold_state_dir, state_dir_holder
 
 NOW = 1_800_000_000.0
 HOOK = {
@@ -132,3 +138,86 @@ def test_a_container_shows_what_kubelet_said_of_it_and_no_kind_it_did_not() -> N
         "  container app app-012345678 running attempt=2",
         "  container setup setup-0123456 exited attempt=0 kind=init",
     ]
+
+
+# --- running or not: the state directory's lock, not the status file -------------------------
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from crihook.proxy.state_dir import hold_state_dir
+lock = hold_state_dir(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding `tmp_path` as crihook does (a lock of this process would not
+    conflict with this process's own query)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def _state_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main(["state", "--state-dir", str(path), "--json"]) == 0
+    doc: dict[str, object] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+@pytest.mark.parametrize("written", ["stale", "missing"])
+def test_a_crihook_that_cannot_write_its_status_is_still_running(
+    tmp_path: Path,
+    holder: subprocess.Popen[str],
+    capsys: pytest.CaptureFixture[str],
+    written: str,
+) -> None:
+    """A full disk keeps status.json from being written: the lock says crihook runs."""
+    if written == "stale":
+        old = status(updated_at=time.time() - 3600)
+        (tmp_path / "status.json").write_text(json.dumps(old))
+    doc = _state_json(tmp_path, capsys)
+    assert (doc["running"], doc["process"]) == (True, {"pid": holder.pid})
+    assert main(["state", "--state-dir", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"crihook runs (pid {holder.pid})")
+    assert "not running" not in capsys.readouterr().out
+
+
+def test_a_fresh_status_file_does_not_make_a_dead_crihook_run(
+    tmp_path: Path, holder: subprocess.Popen[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "status.json").write_text(json.dumps(status(updated_at=time.time())))
+    assert _state_json(tmp_path, capsys)["running"] is True
+    holder.kill()  # SIGKILL: no clean shutdown wrote "stopped" into the status
+    holder.wait()
+    doc = _state_json(tmp_path, capsys)
+    assert (doc["running"], doc["process"]) == (False, {"pid": None})
+    assert main(["state", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"crihook is not running: no process holds {LOCK_FILE}; its status was last written at"
+    )
+
+
+def test_a_second_crihook_on_the_same_state_directory_is_refused(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(StateDirInUseError, match=f"another crihook \\(pid {holder.pid}\\)"):
+        hold_state_dir(tmp_path)
+    holder.kill()
+    holder.wait()
+    hold_state_dir(tmp_path).close()  # free again once it is gone
+    assert state_dir_holder(tmp_path) is None
+
+
+def test_without_a_lock_file_the_status_files_age_decides(tmp_path: Path) -> None:
+    """A state directory of a crihook older than the lock."""
+    assert process_of(tmp_path) is None
+    assert liveness(status(updated_at=NOW - 1), now=NOW, process=None) is None

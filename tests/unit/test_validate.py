@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.proxy.methods import INTERCEPTED
-from crihook.proxy.validate import check_request, check_wire
+from crihook.proxy.validate import check_request, check_resources, check_wire
 
 
 def varint(value: int) -> bytes:
@@ -342,3 +344,139 @@ def test_an_unknown_group_is_skipped_whole() -> None:
     # field 1 inside the group is the group's, not the request's container_id
     assert check_wire(Event.START_CONTAINER, raw) is None
     assert check_wire(Event.START_CONTAINER, b"") is None
+
+
+# --- check_resources: what the kernel and runc accept ----------------------------------------
+
+R = api_pb2.LinuxContainerResources
+KUBELET = R(cpu_period=100_000, cpu_quota=50_000, cpu_shares=512, memory_limit_in_bytes=1 << 30,
+            oom_score_adj=999, cpuset_cpus="0-3", cpuset_mems="0",
+            hugepage_limits=[api_pb2.HugepageLimit(page_size="2MB", limit=0)])  # fmt: skip
+
+
+class Case(NamedTuple):
+    resources: api_pb2.LinuxContainerResources
+    problem: str | None
+
+
+def _with(**fields: object) -> api_pb2.LinuxContainerResources:
+    resources = R()
+    resources.CopyFrom(KUBELET)
+    for name, value in fields.items():
+        if name == "hugepage_limits":
+            del resources.hugepage_limits[:]
+            resources.hugepage_limits.extend(value)  # type: ignore[arg-type]
+        else:
+            setattr(resources, name, value)
+    return resources
+
+
+PAGE = api_pb2.HugepageLimit
+RESOURCE_CASES = {
+    "kubelet's": Case(KUBELET, None),
+    "all unset": Case(R(), None),
+    "period 1 ms": Case(_with(cpu_period=1_000), None),
+    "period 1 s": Case(_with(cpu_period=1_000_000), None),
+    "period negative": Case(_with(cpu_period=-100_000), "cpu_period = -100000: the kernel takes a "
+                            "CFS period of 1000 to 1000000 µs"),
+    "period under 1 ms": Case(_with(cpu_period=999), "cpu_period = 999"),
+    "period over 1 s": Case(_with(cpu_period=1_000_001), "cpu_period = 1000001"),
+    "quota -1": Case(_with(cpu_quota=-1), None),
+    "quota other negative": Case(_with(cpu_quota=-5), None),  # the kernel's RUNTIME_INF too
+    "quota 1 ms": Case(_with(cpu_quota=1_000), None),
+    "quota under 1 ms": Case(_with(cpu_quota=999), "cpu_quota = 999: the kernel takes a CFS "
+                             "quota of 1000 to 17592186044415 µs, or -1 for no limit"),
+    "quota at the kernel's maximum": Case(_with(cpu_quota=(1 << 44) - 1), None),
+    "quota over it": Case(_with(cpu_quota=1 << 44), "cpu_quota = 17592186044416"),
+    "shares 2": Case(_with(cpu_shares=2), None),
+    "shares 262144": Case(_with(cpu_shares=262_144), None),
+    "shares 1": Case(_with(cpu_shares=1), "cpu_shares = 1: cpu shares are 2 to 262144"),
+    "shares negative": Case(_with(cpu_shares=-2), "cpu_shares = -2"),
+    "shares over 262144": Case(_with(cpu_shares=262_145), "cpu_shares = 262145"),
+    "memory unlimited": Case(_with(memory_limit_in_bytes=-1), None),
+    "memory negative": Case(_with(memory_limit_in_bytes=-(1 << 30)),
+                            "memory_limit_in_bytes = -1073741824: a memory limit is a number of "
+                            "bytes, or -1 for no limit"),
+    "swap unlimited": Case(_with(memory_swap_limit_in_bytes=-1), None),
+    "swap equal to memory": Case(_with(memory_swap_limit_in_bytes=1 << 30), None),
+    "swap negative": Case(_with(memory_swap_limit_in_bytes=-7), "memory_swap_limit_in_bytes = -7"),
+    "swap below memory": Case(_with(memory_swap_limit_in_bytes=1 << 20),
+                              "memory_swap_limit_in_bytes = 1048576: memory+swap must be at "
+                              "least the memory limit (1073741824)"),
+    "swap without memory": Case(_with(memory_limit_in_bytes=0, memory_swap_limit_in_bytes=1 << 30),
+                                "a swap limit needs a memory limit"),
+    "oom -1000": Case(_with(oom_score_adj=-1000), None),
+    "oom 1000": Case(_with(oom_score_adj=1000), None),
+    "oom 2^40": Case(_with(oom_score_adj=1 << 40), "oom_score_adj = 1099511627776: the kernel "
+                     "takes -1000 to 1000"),
+    "oom -1001": Case(_with(oom_score_adj=-1001), "oom_score_adj = -1001"),
+    "cpuset garbage": Case(_with(cpuset_cpus="0-3,x"), "cpuset_cpus = '0-3,x': malformed cpu list"),
+    "cpuset descending": Case(_with(cpuset_cpus="3-0"), "cpuset_cpus = '3-0'"),
+    "mems garbage": Case(_with(cpuset_mems="0;1"), "cpuset_mems = '0;1'"),
+    "page size kubelet's 1GB": Case(_with(hugepage_limits=[PAGE(page_size="1GB", limit=1 << 30)]),
+                                    None),
+    "page size as a quantity": Case(_with(hugepage_limits=[PAGE(page_size="2Mi", limit=1)]),
+                                    "hugepage_limits page_size = '2Mi': a page size as runc names"),
+    "page size the node lacks": Case(_with(hugepage_limits=[PAGE(page_size="16KB", limit=1)]),
+                                     "hugepage_limits page_size = '16KB': this node has 2MB, 1GB"),
+}  # fmt: skip
+NODE_PAGES = frozenset({"2MB", "1GB"})
+
+
+@pytest.mark.parametrize(
+    ("resources", "problem"), RESOURCE_CASES.values(), ids=list(RESOURCE_CASES)
+)
+def test_resources_the_kernel_or_runc_refuse_are_named_with_their_value(
+    resources: api_pb2.LinuxContainerResources, problem: str | None
+) -> None:
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="c1", linux=resources)
+    said = check_resources(Event.UPDATE_CONTAINER_RESOURCES, request, NODE_PAGES)
+    if problem is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith("UpdateContainerResourcesRequest linux.")
+        assert problem in said
+
+
+def test_without_the_nodes_page_sizes_any_well_formed_one_passes() -> None:
+    resources = _with(hugepage_limits=[PAGE(page_size="16KB", limit=1)])
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="c1", linux=resources)
+    assert check_resources(Event.UPDATE_CONTAINER_RESOURCES, request) is None
+
+
+BAD = R(cpu_period=-100_000)
+
+
+@pytest.mark.parametrize(
+    ("event", "request_", "where"),
+    [
+        (Event.CREATE_CONTAINER, api_pb2.CreateContainerRequest(
+            pod_sandbox_id="sb1", config=api_pb2.ContainerConfig(
+                metadata=CONTAINER.metadata, linux=api_pb2.LinuxContainerConfig(resources=BAD)),
+            sandbox_config=SANDBOX), "config.linux.resources.cpu_period"),
+        (Event.CREATE_CONTAINER, api_pb2.CreateContainerRequest(
+            pod_sandbox_id="sb1", config=CONTAINER, sandbox_config=api_pb2.PodSandboxConfig(
+                metadata=POD_META, linux=api_pb2.LinuxPodSandboxConfig(overhead=BAD))),
+         "sandbox_config.linux.overhead.cpu_period"),
+        (Event.RUN_POD_SANDBOX, api_pb2.RunPodSandboxRequest(config=api_pb2.PodSandboxConfig(
+            metadata=POD_META, linux=api_pb2.LinuxPodSandboxConfig(resources=BAD))),
+         "config.linux.resources.cpu_period"),
+        (Event.UPDATE_POD_SANDBOX_RESOURCES, api_pb2.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id="sb1", resources=BAD), "resources.cpu_period"),
+        (Event.UPDATE_POD_SANDBOX_RESOURCES, api_pb2.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id="sb1", overhead=BAD), "overhead.cpu_period"),
+    ],
+    ids=["create-container", "create-sandbox-overhead", "run-pod-sandbox",
+         "update-pod-resources", "update-pod-overhead"],
+)  # fmt: skip
+def test_every_resources_of_a_call_is_checked(event: Event, request_: Message, where: str) -> None:
+    said = check_resources(event, request_)
+    assert said == (
+        f"{request_.DESCRIPTOR.name} {where} = -100000: the kernel takes a CFS period of 1000 to "
+        "1000000 µs (1 ms to 1 s); 0 leaves it unset"
+    )
+
+
+@pytest.mark.parametrize("event", list(GOOD), ids=[e.value for e in GOOD])
+def test_complete_requests_without_resources_pass_the_resources_check(event: Event) -> None:
+    assert check_resources(event, GOOD[event]) is None

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from crihook.proxy.watchdog import keep_alive
+from tests.lab.crihook_proc import PATIENCE
 
 
 async def test_pings_come_from_the_event_loop_until_cancelled() -> None:
@@ -22,7 +23,7 @@ async def test_pings_come_from_the_event_loop_until_cancelled() -> None:
         return True
 
     task = asyncio.create_task(keep_alive(0.03, ping), name="test-watchdog")
-    await asyncio.wait_for(three.wait(), 10)
+    await asyncio.wait_for(three.wait(), PATIENCE)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -36,7 +37,7 @@ async def test_no_watchdog_no_pings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     pings: list[bool] = []
-    await asyncio.wait_for(keep_alive(None, lambda: pings.append(True) or True), 5)
+    await asyncio.wait_for(keep_alive(None, lambda: pings.append(True) or True), PATIENCE)
     assert pings == []
 
 
@@ -45,7 +46,7 @@ async def test_the_timeout_comes_from_systemd(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     first = asyncio.Event()
     task = asyncio.create_task(keep_alive(None, lambda: first.set() or True), name="test-wd")
-    await asyncio.wait_for(first.wait(), 10)
+    await asyncio.wait_for(first.wait(), PATIENCE)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
