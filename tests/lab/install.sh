@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install what the containerd test bed (tests/lab) needs on a Debian/Ubuntu machine.
+# Install what the runtime test bed (tests/lab: containerd, CRI-O) needs on a Debian/Ubuntu machine.
 # Idempotent: when every package is already installed it only runs dpkg-query (well under 1 s).
 set -eu
 
@@ -7,6 +7,10 @@ PACKAGES="containerd runc busybox-static containernetworking-plugins gcc libc6-d
 # For the peers that tests/lab/peers.py builds: runc's seccomp support links libseccomp
 # (found through pkg-config).
 PACKAGES="$PACKAGES libseccomp-dev pkg-config"
+# CRI-O (tests/lab/crio.py) is built by peers.py; its container monitor is Debian's conmon.
+# Its build needs nothing more: signatures in pure Go and no btrfs driver (build tags), so
+# neither libgpgme-dev nor libbtrfs-dev.
+PACKAGES="$PACKAGES conmon"
 # systemd-analyze, for `systemd-analyze verify` of systemd/ (tests/unit/test_systemd_units.py).
 # Installing the package does not make systemd the init of a container; it only adds files.
 PACKAGES="$PACKAGES systemd"
