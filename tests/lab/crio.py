@@ -14,6 +14,10 @@ archives. With ``registry_mirror`` (the conformance bed's stand-ins) every regis
 pulls from resolves to that mirror too. The proxy safety net of :class:`RuntimeLab` holds
 for CRI-O as for containerd: nothing can reach a registry off the machine.
 
+Log dirs: conmon opens a container's log file but never makes its directory (kubelet does,
+containerd would); the lab's conmon is a front that makes it, for the clients that are not
+kubelet (crictl, tests sending CreateContainer themselves).
+
 What CRI-O puts outside the root: pod cgroups under ``/sys/fs/cgroup/*/<cgroup parent>``
 (containers in ``crio-<id>``, their conmon in ``crio-conmon-<id>``), the bridge, CNI result
 caches in ``/var/lib/cni/results``. :meth:`Crio.cleanup` removes those that are ours.
@@ -91,6 +95,21 @@ if score is not None and score < floor:
         json.dump(spec, f)
     os.replace(path + ".lab", path)
 os.execv(real, [real, *args])
+"""
+
+# conmon opens the container's log file (-l PATH) but, unlike containerd, never makes its
+# directory: kubelet does, before CreateContainer. The lab's other clients (crictl sessions,
+# tests that send CreateContainer themselves) do not, so conmon runs behind this front.
+_CONMON_FRONT = """\
+#!/bin/sh
+prev=
+for arg in "$@"; do
+    if [ "$prev" = -l ]; then
+        mkdir -p "$(dirname "$arg")"
+    fi
+    prev=$arg
+done
+exec {real} "$@"
 """
 
 _FRONT = """\
@@ -243,7 +262,7 @@ class Crio(RuntimeLab):
             pause_image=self.images.pause.ref,
             runtime_name=self.oci_runtime,
             runtimes={name: self._runtime_front(name) for name in self._handlers()},
-            conmon=b.conmon,
+            conmon=self._conmon_front(),
             pinns=b.pinns,
             cni_bin_dir=self.cni_bin_dir,
             cni_conf_dir=self.cni_conf_dir,
@@ -344,6 +363,12 @@ class Crio(RuntimeLab):
                         d.rmdir()
 
     # -- the OCI runtime ------------------------------------------------------------------
+
+    def _conmon_front(self) -> Path:
+        front = self.dir / "bin/conmon"
+        front.write_text(_CONMON_FRONT.format(real=self.binaries.conmon))
+        front.chmod(front.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return front
 
     def _runtime_front(self, name: str) -> Path:
         """The OCI runtime CRI-O runs for handler ``name``: the real one where negative OOM
