@@ -100,7 +100,14 @@ class App:
         self.store = Store(settings.state_dir)
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
-        self.pipeline = Pipeline(self.runtime, self.chain, self.store, self.readiness, placement)
+        self.pipeline = Pipeline(
+            self.runtime,
+            self.chain,
+            self.store,
+            self.readiness,
+            placement,
+            read_back=settings.runtime.read_back,
+        )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
         files: HostFiles = LinuxFiles()
@@ -144,6 +151,7 @@ class App:
                     self.readiness,
                     lambda: self.pipeline.updater.failures,
                     lambda: self.sync.failures,
+                    lambda: self.pipeline.read_back.counts if self.pipeline.read_back else {},
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
@@ -441,6 +449,8 @@ class App:
                 except Exception:  # a bug: it ended early; the shutdown goes on
                     log.exception("task %s had failed", task.get_name())
             await self.sync.close()
+            if self.pipeline.read_back is not None:
+                await self.pipeline.read_back.close()
             await self.plugins.close()
             await self.chain.close()
             if self.recorder is not None:

@@ -34,8 +34,9 @@ import platform
 import sys
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -135,6 +136,8 @@ class Sources:
     update_failures: Callable[[], int]
     """Updates to other containers the runtime refused or did not answer."""
     synchronize_failures: Callable[[], int]
+    changed_after: Callable[[], Mapping[str, int]] = dict
+    """Fields hooks set that the runtime made otherwise (proxy.readback), by field."""
 
 
 class Metrics:
@@ -225,6 +228,7 @@ class Metrics:
             update_failures=sources.update_failures(),
             synchronize_failures=sources.synchronize_failures(),
             ready=sources.readiness.ready,
+            changed_after=dict(sources.changed_after()),
         )
 
     def collect(self) -> list[Metric]:
@@ -261,6 +265,7 @@ class Snapshot:
     update_failures: int
     synchronize_failures: int
     ready: bool
+    changed_after: dict[str, int] = dataclass_field(default_factory=dict)
 
     def families(self) -> list[Metric]:
         return [*self._call_families(), *self._hook_families(), *self._node_families()]
@@ -371,6 +376,15 @@ class Snapshot:
             "Updates to other containers (UpdateContainerResources for hooks) that failed",
             value=self.update_failures,
         )
+        changed = CounterMetricFamily(
+            "crihook_fields_changed_after_crihook",
+            "Fields a hook set on a new container that the runtime made otherwise (an NRI "
+            "plugin or the runtime's own rules), by field; read back when read_back is on",
+            labels=("field",),
+        )
+        for name, count in sorted(self.changed_after.items()):
+            changed.add_metric((name,), count)
+        yield changed
         yield CounterMetricFamily(
             "crihook_synchronize_failures",
             "Hook synchronizes (start, reconcile) that failed",

@@ -15,7 +15,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from tests.lab import cgroups, host
-from tests.lab.fixtures import PodCleanup, lab_runtime
+from tests.lab.fixtures import PodCleanup
 from tests.lab.images import LabImages
 from tests.lab.kubelet import (
     ContainerSpec,
@@ -27,7 +27,7 @@ from tests.lab.kubelet import (
     QOSClass,
     oom_score_adj,
 )
-from tests.lab.peers import CRIO_VERSION
+from tests.lab.peers import CRIO_VERSION, lab_runtime
 from tests.lab.runtime_lab import LabError, RuntimeLab
 
 pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds, pytest.mark.on_crio]

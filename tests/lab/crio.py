@@ -22,13 +22,15 @@ What CRI-O puts outside the root: pod cgroups under ``/sys/fs/cgroup/*/<cgroup p
 (containers in ``crio-<id>``, their conmon in ``crio-conmon-<id>``), the bridge, CNI result
 caches in ``/var/lib/cni/results``. :meth:`Crio.cleanup` removes those that are ours.
 
-OOM scores: root here lacks CAP_SYS_RESOURCE, so no process can lower its oom_score_adj
-below its parent's. containerd has ``restrict_oom_score_adj`` for that; CRI-O has no such
-setting and gives every infra container -998, so without help every pod that needs one
-fails. The lab's OCI runtime is then a wrapper (:data:`OOM_CLAMP`) that raises a spec's
-oomScoreAdj to the lowest value allowed before runc or crun creates the container, as
-containerd's option does. CRI-O still reports the value it asked for (its verbose status
-shows its own spec): docs/test-bed.md lists this among the differences.
+OOM scores and capabilities: root here lacks CAP_SYS_RESOURCE (in its bounding set too), so
+no process can lower its oom_score_adj below its parent's, and runc cannot grant that
+capability. containerd has ``restrict_oom_score_adj`` for the first and takes "all
+capabilities" from the current bounding set; CRI-O has no such setting, gives every infra
+container -998 and a privileged container every capability it knows, so without help those
+pods fail. The lab's OCI runtime is then a front (:data:`SPEC_FRONT`) that raises a spec's
+oomScoreAdj to the lowest value allowed and drops capabilities the host cannot grant, before
+runc creates the container, as containerd does. CRI-O still reports what it asked for (its
+verbose status shows its own spec): docs/test-bed.md lists this among the differences.
 """
 
 from __future__ import annotations
@@ -60,37 +62,65 @@ from tests.lab.oci import Image
 from tests.lab.registry import Catalog, Registry
 from tests.lab.runtime_lab import LabError, RuntimeLab, container_cgroup_pattern
 
-__all__ = ["OOM_CLAMP", "Crio", "CrioBinaries", "archive_image", "crio_helpers"]
+__all__ = ["SPEC_FRONT", "Crio", "CrioBinaries", "archive_image", "crio_helpers"]
 
 RUNTIMES = ("runc", "crun")
 
-_CAP_SYS_RESOURCE = 24
 # containers/image keeps a blob-info cache (which layers each registry has) at this fixed
 # path when it runs as root; CRI-O has no setting for it (SystemContext.BlobInfoCacheDir).
 _BLOB_INFO_CACHE = Path("/var/lib/containers/cache/blob-info-cache-v1.sqlite")
 
-OOM_CLAMP = """\
-# The lab's OCI runtime front (tests/lab/crio.py): raise process.oomScoreAdj of the bundle
-# to what this process may set (its own score: no CAP_SYS_RESOURCE here), then run the real
-# runtime. Only `create` and `run` come here; every other command goes straight through.
+SPEC_FRONT = """\
+# The lab's OCI runtime front (tests/lab/crio.py): before the real runtime creates a
+# container, the bundle's spec gets what this VM allows: process.oomScoreAdj raised to this
+# process's own score (nothing here may lower one), and capabilities outside the host's
+# bounding set dropped (runc cannot grant them). containerd does both itself
+# (restrict_oom_score_adj; "all capabilities" are the current bounding set). Only `create`
+# and `run` come here, and `exec` (its process file: capabilities only); every other command
+# goes straight to the runtime.
 import json, os, sys
 
+CAPS = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+    "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+    "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+    "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+    "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+    "CHECKPOINT_RESTORE"
+).split()
+
 real, args = sys.argv[1], sys.argv[2:]
-bundle = "."
+bundle, process_file = ".", None
 for i, arg in enumerate(args):
-    if arg in ("--bundle", "-b") and i + 1 < len(args):
-        bundle = args[i + 1]
+    value = args[i + 1] if i + 1 < len(args) else None
+    if arg in ("--bundle", "-b"):
+        bundle = value
     elif arg.startswith("--bundle="):
         bundle = arg.split("=", 1)[1]
-path = os.path.join(bundle, "config.json")
+    elif arg in ("--process", "-p"):
+        process_file = value
+    elif arg.startswith("--process="):
+        process_file = arg.split("=", 1)[1]
+path = process_file or os.path.join(bundle, "config.json")
 with open("/proc/self/oom_score_adj") as f:
     floor = int(f.read())
+with open("/proc/self/status") as f:
+    bounding = next(int(line.split()[1], 16) for line in f if line.startswith("CapBnd:"))
+allowed = {"CAP_" + name for bit, name in enumerate(CAPS) if bounding >> bit & 1}
 with open(path) as f:
     spec = json.load(f)
-process = spec.get("process") or {}
+process = spec if process_file else spec.get("process") or {}
+changed = False
 score = process.get("oomScoreAdj")
-if score is not None and score < floor:
+if score is not None and score < floor and not process_file:
     process["oomScoreAdj"] = floor
+    changed = True
+for kind, caps in (process.get("capabilities") or {}).items():
+    kept = [c for c in caps if c in allowed]
+    if kept != caps:
+        process["capabilities"][kind] = kept
+        changed = True
+if changed:
     with open(path + ".lab", "w") as f:
         json.dump(spec, f)
     os.replace(path + ".lab", path)
@@ -115,7 +145,7 @@ exec {real} "$@"
 _FRONT = """\
 #!/bin/sh
 for arg in "$@"; do
-    if [ "$arg" = create ] || [ "$arg" = run ]; then
+    if [ "$arg" = create ] || [ "$arg" = run ] || [ "$arg" = exec ]; then
         exec {python} -I {clamp} {real} "$@"
     fi
 done
@@ -217,6 +247,13 @@ class Crio(RuntimeLab):
         return "crio"
 
     @property
+    def attach_dir(self) -> Path:
+        """Where conmon puts each container's attach socket (``<dir>/<id>/attach``). A unix
+        socket path has at most 107 bytes and the id alone is 64: under a deep lab root (the
+        conformance bed's) they do not fit, so a short dir of its own, unique per lab."""
+        return Path(f"/tmp/crihook-at-{self.bridge.removeprefix('crih')}")
+
+    @property
     def config_dir(self) -> Path:
         """CRI-O's drop-in dir (``--config-dir``): empty, but the lab's own."""
         return self.dir / "crio.conf.d"
@@ -248,6 +285,7 @@ class Crio(RuntimeLab):
         for sub in ("storage", "run", "keys", "hooks.d", "cdi", "tmp", "policies", "bin"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.config_dir.mkdir(exist_ok=True)
+        self.attach_dir.mkdir(exist_ok=True)
         if not self.storage_driver:
             self.storage_driver = "overlay" if overlay_works(self.dir / "ovltest") else "vfs"
         if self._registry is None:
@@ -266,6 +304,7 @@ class Crio(RuntimeLab):
             pinns=b.pinns,
             cni_bin_dir=self.cni_bin_dir,
             cni_conf_dir=self.cni_conf_dir,
+            attach_dir=self.attach_dir,
             nri_socket=self.nri_socket,
         )
         self.config_path.write_text(crio_conf(config))
@@ -353,6 +392,7 @@ class Crio(RuntimeLab):
             if self._registry is not None:
                 self._registry.stop()
                 self._registry = None
+            shutil.rmtree(self.attach_dir, ignore_errors=True)
             # The one file CRI-O writes outside the root (see _BLOB_INFO_CACHE): ours when
             # the lab made its directory; removed with it.
             cache_dir = _BLOB_INFO_CACHE.parent
@@ -371,13 +411,13 @@ class Crio(RuntimeLab):
         return front
 
     def _runtime_front(self, name: str) -> Path:
-        """The OCI runtime CRI-O runs for handler ``name``: the real one where negative OOM
-        scores can be set, else the lab's clamping front (see the module docstring)."""
+        """The OCI runtime CRI-O runs for handler ``name``: the real one on a host whose root
+        has every capability, else the lab's front (see the module docstring)."""
         real = self.oci_runtime_path(name)
-        if _may_lower_oom_score():
+        if _has_every_capability():
             return real
-        clamp = self.dir / "bin/oom_clamp.py"
-        clamp.write_text(OOM_CLAMP)
+        clamp = self.dir / "bin/spec_front.py"
+        clamp.write_text(SPEC_FRONT)
         front = self.dir / f"bin/{name}"
         python = shutil.which("python3") or "/usr/bin/python3"
         front.write_text(_FRONT.format(python=python, clamp=clamp, real=real))
@@ -385,15 +425,18 @@ class Crio(RuntimeLab):
         return front
 
 
-def _may_lower_oom_score() -> bool:
-    """Whether this process has CAP_SYS_RESOURCE (effective), which lowering needs."""
+def _has_every_capability() -> bool:
+    """Whether this process's effective and bounding sets have every capability up to
+    CAP_CHECKPOINT_RESTORE (40): CAP_SYS_RESOURCE lowers OOM scores, and CRI-O may grant a
+    container any of them."""
+    every = (1 << 41) - 1
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+        lines = Path("/proc/self/status").read_text().splitlines()
     except OSError:
-        pass
-    return False
+        return False
+    sets = {k: int(v.split()[0], 16) for k, _, v in (ln.partition(":") for ln in lines)
+            if k in ("CapEff", "CapBnd")}  # fmt: skip
+    return all(sets.get(k, 0) & every == every for k in ("CapEff", "CapBnd"))
 
 
 def crio_version(binary: Path) -> str:

@@ -40,6 +40,7 @@ class CrioConfig:
     pinns: Path
     cni_bin_dir: str
     cni_conf_dir: Path
+    attach_dir: Path  # conmon's attach sockets: <dir>/<container id>/attach, under 108 bytes
     nri_socket: Path | None = None  # NRI on this socket; None: NRI off
 
     def sub(self, name: str) -> Path:
@@ -99,7 +100,7 @@ def crio_conf(c: CrioConfig) -> str:
                 "apparmor_profile": "",
                 "decryption_keys_path": c.sub("keys"),
                 "container_exits_dir": c.sub("run/exits"),
-                "container_attach_socket_dir": c.sub("run/attach"),
+                "container_attach_socket_dir": c.attach_dir,
                 "namespaces_dir": c.sub("run/ns"),
                 "pinns_path": c.pinns,
                 "hooks_dir": [c.sub("hooks.d")],
@@ -109,6 +110,10 @@ def crio_conf(c: CrioConfig) -> str:
                 # GetContainerEvents (kubelet's evented PLEG): off, CRI-O ends the stream at
                 # once; on, it streams as containerd 2.x does.
                 "enable_pod_events": True,
+                # Host ports need iptables or nftables rules on the host (the lab adds none:
+                # containerd's lab has no portmap plugin either). Without either working, CRI-O
+                # 1.34.0 dereferences a nil port manager and dies on a pod with a host port.
+                "disable_hostport_mapping": True,
             },
         ),
         *(

@@ -23,15 +23,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.lab import containerd_versions, peers
-from tests.lab.containerd import Containerd, LabError
+from tests.lab.containerd import LabError
 from tests.lab.crihook_proc import DATA_PATH_ENV, DATA_PATHS, clean_up_after, made_so_far
-from tests.lab.crio import Crio
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
 from tests.lab.runtime_lab import RuntimeLab
@@ -42,7 +39,6 @@ __all__ = [
     "containerd_version",
     "kubelet_direct",
     "lab_images",
-    "lab_runtime",
     "pod_cleanup",
 ]
 
@@ -145,7 +141,7 @@ def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Runti
         pytest.fail("the runtime lab needs root (run the tests as root)", pytrace=False)
     failure = ""
     try:
-        lab = lab_runtime(
+        lab = peers.lab_runtime(
             containerd_version, tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images
         )
     except (LabError, peers.PeerError) as exc:
@@ -169,14 +165,6 @@ def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Runti
         yield lab
     finally:
         lab.cleanup()
-
-
-def lab_runtime(version: str, root: str | Path, images: LabImages, **options: Any) -> RuntimeLab:
-    """An unstarted lab runtime: containerd ``1.6`` or ``2``, or ``crio``; ``options`` go
-    to the lab's constructor (``registry_mirror``, ``nri_socket``, ...)."""
-    if version == containerd_versions.CRIO:
-        return Crio(root, images, binaries=peers.crio(), **options)
-    return Containerd(root, images, binaries=peers.containerd_binaries(version), **options)
 
 
 class PodCleanup:

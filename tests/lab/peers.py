@@ -44,10 +44,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.lab.containerd import ContainerdBinaries, LabError, debian_binaries
-from tests.lab.crio import CrioBinaries, crio_helpers
+from tests.lab.containerd import Containerd, ContainerdBinaries, LabError, debian_binaries
+from tests.lab.crio import Crio, CrioBinaries, crio_helpers
 from tests.lab.gotool import GoError, GoToolchain, find_go, run_go
+from tests.lab.images import LabImages
+from tests.lab.runtime_lab import RuntimeLab
 
 __all__ = [
     "BUNDLES",
@@ -59,6 +62,7 @@ __all__ = [
     "NRI_PLUGIN_SOURCE",
     "NRI_VERSION",
     "RUNC_VERSION",
+    "RUNTIME_CHOICES",
     "Build",
     "Bundle",
     "Installed",
@@ -72,6 +76,7 @@ __all__ = [
     "critest",
     "ginkgo",
     "install",
+    "lab_runtime",
     "nri_plugin",
     "runc",
 ]
@@ -313,7 +318,8 @@ def containerd2() -> ContainerdBinaries:
     )
 
 
-CONTAINERD_CHOICES = ("1.6", "2")  # what --containerd options across the test bed accept
+CONTAINERD_CHOICES = ("1.6", "2")  # the containerds the test bed runs
+RUNTIME_CHOICES = (*CONTAINERD_CHOICES, "crio")  # what --containerd options accept
 
 
 def containerd_binaries(version: str) -> ContainerdBinaries:
@@ -323,6 +329,14 @@ def containerd_binaries(version: str) -> ContainerdBinaries:
     if version == "2":
         return containerd2()
     raise LabError(f"no containerd {version!r} in the lab; choose one of {CONTAINERD_CHOICES}")
+
+
+def lab_runtime(version: str, root: str | Path, images: LabImages, **options: Any) -> RuntimeLab:
+    """An unstarted lab runtime: containerd ``1.6`` or ``2``, or ``crio`` (CRI-O);
+    ``options`` go to the lab's constructor (``registry_mirror``, ``nri_socket``, ...)."""
+    if version == "crio":
+        return Crio(root, images, binaries=crio(), **options)
+    return Containerd(root, images, binaries=containerd_binaries(version), **options)
 
 
 def _cached(bundle: Bundle, target: Path) -> Installed | None:

@@ -291,7 +291,7 @@ class RuntimeLab(abc.ABC):
                 problems.append(f"could not relaunch {self.process_name} for cleanup: {exc}")
         if self.running:
             try:
-                container_cgroups |= self._remove_all_sandboxes()
+                container_cgroups |= self.remove_all_pods()
             except Exception as exc:  # keep tearing down: the remaining steps still matter
                 problems.append(f"removing sandboxes via CRI: {exc!r}")
         _step(problems, f"stopping {self.process_name}", self.stop)
@@ -450,8 +450,9 @@ class RuntimeLab(abc.ABC):
 
     # -- cleanup steps ---------------------------------------------------------------------
 
-    def _remove_all_sandboxes(self) -> set[str]:
-        """StopPodSandbox + RemovePodSandbox for every sandbox; returns container cgroups."""
+    def remove_all_pods(self) -> set[str]:
+        """Stop every running container (no grace), then StopPodSandbox + RemovePodSandbox
+        for every sandbox, as kubelet would; returns the container cgroups seen."""
         from crihook.api.cri.v1 import api_pb2, api_pb2_grpc  # stubs only needed here
 
         found: set[str] = set()
