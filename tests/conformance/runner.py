@@ -89,6 +89,7 @@ def run_conformance(
                     comparison = comparison.with_reruns(
                         {name.removesuffix("-rerun"): r.specs for name, r in reruns.items()}
                     )
+                comparison = comparison.with_known_flakes(options.containerd)
             finally:
                 if options.logs is not None:  # before the bed removes containerd's log
                     _copy_logs(workdir, options.logs)

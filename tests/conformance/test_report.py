@@ -17,6 +17,8 @@ from tests.conformance.critest import (
 )
 from tests.conformance.report import (
     MISSING,
+    Comparison,
+    Row,
     compare,
     explain_lab_failures,
     focus_on,
@@ -184,11 +186,11 @@ def test_lab_failures_get_their_reason_and_unknown_ones_say_so() -> None:
     ("argv", "containerd", "parallel", "ways"),
     [
         ([], "1.6", 1, ("direct", "crihook-none", "crihook-annotate")),
-        (["--containerd", "2", "--parallel", "3"], "2", 3,
+        (["--runtime", "crio", "--parallel", "3"], "crio", 3,
          ("direct", "crihook-none", "crihook-annotate")),
         (["--ways", "direct,crihook-none"], "1.6", 1, ("direct", "crihook-none")),
     ],
-    ids=["defaults", "containerd-2-parallel", "two-ways"],
+    ids=["defaults", "crio-parallel", "two-ways"],
 )  # fmt: skip
 def test_command_line(argv: list[str], containerd: str, parallel: int, ways: tuple[str]) -> None:
     options = parse_args([*argv, "--seed", "5"])
@@ -258,3 +260,32 @@ def test_focus_on_matches_exactly_the_named_specs() -> None:
     assert pattern.search("Suite [k8s.io] Image Manager pull (x)")
     assert not pattern.search("[k8s.io] Image Manager pull (x) and more")
     assert not pattern.search("X[k8s.io] B b")
+
+
+def test_a_known_flake_of_the_runtime_is_flaky_not_a_difference() -> None:
+    """KNOWN_FLAKES: on CRI-O a pass/fail mix of such a spec is listed as flaky (with its
+    reason); a spec missing from a run is still a difference, and on another runtime (or
+    for another spec) the same mix is a difference."""
+    name = "[k8s.io] Container runtime should support execSync with timeout [Conformance]"
+    other = "[k8s.io] Container runtime should support starting container [Conformance]"
+    rows = (
+        Row(name, ("passed", "failed", "passed"), rerun=("failed", "passed", "failed")),
+        Row(other, ("passed", "failed", "passed"), rerun=("failed", "passed", "failed")),
+    )
+    comparison = Comparison(("direct", "crihook-none", "crihook-annotate"), rows)
+    on_crio = comparison.with_known_flakes("crio")
+    assert (on_crio.differ, [r.name for r in on_crio.flaky]) == (1, [name])
+    assert "known flaky here: CRI-O 1.34.0 answers the timed-out ExecSync" in render_flaky(on_crio)
+    assert comparison.with_known_flakes("2").differ == 2
+    missing = Comparison(comparison.ways, (Row(name, ("passed", MISSING, "passed")),))
+    assert missing.with_known_flakes("crio").differ == 1
+
+
+def test_a_known_flake_failing_directly_is_explained() -> None:
+    flake = SpecResult(
+        "[k8s.io] Image Consistency should not fail on simultaneous RemoveImage calls", "failed"
+    )
+    (failure,) = explain_lab_failures([flake], "crio")
+    assert failure.reason.startswith("flaky here: CRI-O 1.34.0 answers some of five")
+    (failure,) = explain_lab_failures([flake], "2")
+    assert failure.reason == ""

@@ -17,6 +17,7 @@ this module runs on its own containerd 2.x and its own CRI-O, whatever ``--conta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Iterator
@@ -61,29 +62,39 @@ class Bed:
     crihook: CrihookProcess
 
 
-@pytest.fixture(scope="module", params=["2", "crio"], ids=["containerd-2", "crio"])
-def bed(lab_images: LabImages, request: pytest.FixtureRequest) -> Iterator[Bed]:
+RUNTIMES = {"params": ["2", "crio"], "ids": ["containerd-2", "crio"]}
+
+
+@contextlib.contextmanager
+def _bed(runtime: str, images: LabImages, env: tuple[str, str], config: str) -> Iterator[Bed]:
     """A private containerd 2.x or CRI-O with NRI on a socket of its own, the NRI plugin
-    registered with it, and crihook in front of it; all stopped and removed at the end."""
+    (adding ``env``) registered with it, and crihook (``config``) in front of it; all
+    stopped and removed at the end."""
     # Not a short_tmpdir: only the lab's cleanup removes a lab root (it checks for mounts).
     root = Path(tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"))
-    containerd = peers.lab_runtime(request.param, root, lab_images, nri_socket=root / "nri.sock")
+    containerd = peers.lab_runtime(runtime, root, images, nri_socket=root / "nri.sock")
     plugin = NriPlugin(
         root / "nri.sock",
         root / "nri-plugin.log",
-        env=("FROM_NRI", "nri-plugin"),
+        env=env,
         annotation=(NRI_ANNOTATION, "by-nri"),
         report=CRIHOOK_ANNOTATION,
     )
     try:
         containerd.start()
         plugin.start()
-        with CrihookProcess(containerd.endpoint, config=CHAIN, hooks=None) as crihook:
+        with CrihookProcess(containerd.endpoint, config=config, hooks=None) as crihook:
             yield Bed(containerd, plugin, crihook)
             assert crihook.stop() == 0
     finally:
         plugin.stop()
-        containerd.cleanup()  # every pod, mount and cgroup; containerd stopped
+        containerd.cleanup()  # every pod, mount and cgroup; the runtime stopped
+
+
+@pytest.fixture(scope="module", **RUNTIMES)
+def bed(lab_images: LabImages, request: pytest.FixtureRequest) -> Iterator[Bed]:
+    with _bed(request.param, lab_images, ("FROM_NRI", "nri-plugin"), CHAIN) as made:
+        yield made
 
 
 def _what_the_container_got(
@@ -135,28 +146,13 @@ def test_directly_only_the_nri_plugin_changes_the_container(bed: Bed) -> None:
 READ_BACK_CHAIN = "read_back = true\n" + CHAIN
 
 
-@pytest.fixture(params=["2", "crio"], ids=["containerd-2", "crio"])
+@pytest.fixture(**RUNTIMES)
 def overriding_bed(lab_images: LabImages, request: pytest.FixtureRequest) -> Iterator[Bed]:
     """As `bed`, but the NRI plugin sets the env var crihook's hook sets (FROM_CRIHOOK), so
     it changes a field after crihook; crihook runs with read_back on."""
-    root = Path(tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"))
-    containerd = peers.lab_runtime(request.param, root, lab_images, nri_socket=root / "nri.sock")
-    plugin = NriPlugin(
-        root / "nri.sock",
-        root / "nri-plugin.log",
-        env=("FROM_CRIHOOK", "changed-by-nri"),
-        annotation=(NRI_ANNOTATION, "by-nri"),
-        report=CRIHOOK_ANNOTATION,
-    )
-    try:
-        containerd.start()
-        plugin.start()
-        with CrihookProcess(containerd.endpoint, config=READ_BACK_CHAIN, hooks=None) as crihook:
-            yield Bed(containerd, plugin, crihook)
-            assert crihook.stop() == 0
-    finally:
-        plugin.stop()
-        containerd.cleanup()
+    env = ("FROM_CRIHOOK", "changed-by-nri")
+    with _bed(request.param, lab_images, env, READ_BACK_CHAIN) as made:
+        yield made
 
 
 def test_a_field_an_nri_plugin_changed_after_crihook_is_reported(overriding_bed: Bed) -> None:

@@ -203,6 +203,7 @@ class Crio(RuntimeLab):
         container_cgroup_pattern("crio-conmon-"),
     )
     process_name = "CRI-O"
+    fixed_bridge_mac = True  # CRI-O runs CNI CHECK (see RuntimeLab.fixed_bridge_mac)
 
     def __init__(
         self,

@@ -79,6 +79,11 @@ class RuntimeLab(abc.ABC):
     """Names of the cgroup dirs the runtime makes for its containers (and monitors)."""
     process_name: ClassVar[str]
     """For messages: "containerd", "CRI-O"."""
+    fixed_bridge_mac: ClassVar[bool] = False
+    """Make the bridge before CNI does, with a MAC address of its own. A Linux bridge takes
+    the lowest MAC of its ports unless one is set, so it changes as pods come and go; CRI-O
+    runs CNI CHECK on a new sandbox, and the bridge plugin fails it when the MAC moved since
+    ADD ("Bridge interface ... Mac doesn't match"). containerd never checks."""
 
     def __init__(
         self,
@@ -199,6 +204,12 @@ class RuntimeLab(abc.ABC):
         return f"{net.network_address + 1}/{net.prefixlen}"
 
     @property
+    def bridge_mac(self) -> str:
+        """A locally administered unicast MAC, unique per lab (``fixed_bridge_mac``)."""
+        tag = self.bridge.removeprefix("crih")
+        return "02:" + ":".join(tag[i : i + 2] for i in range(0, 8, 2)) + ":01"
+
+    @property
     def pod_log_dir(self) -> Path:
         """Where a kubelet-like client should put pod log directories (like /var/log/pods)."""
         return self.dir / "pods"
@@ -244,7 +255,7 @@ class RuntimeLab(abc.ABC):
         conflist = self.cni_conf_dir / "10-crihook.conflist"
         conflist.write_text(json.dumps(self._cni_conflist(), indent=2))
         self._started = True
-        if self.host_reaches_pods:
+        if self.host_reaches_pods or self.fixed_bridge_mac:
             self._create_bridge()
         self._launch()
         self.import_images()
@@ -350,11 +361,13 @@ class RuntimeLab(abc.ABC):
         owns it alone; the connected route lets the host reach pod IPs, nothing else."""
         if Path(f"/sys/class/net/{self.bridge}").exists():
             return
-        for argv in (
-            ["ip", "link", "add", "name", self.bridge, "type", "bridge"],
-            ["ip", "addr", "add", self.bridge_address, "dev", self.bridge],
-            ["ip", "link", "set", self.bridge, "up"],
-        ):
+        steps = [["ip", "link", "add", "name", self.bridge, "type", "bridge"]]
+        if self.fixed_bridge_mac:
+            steps.append(["ip", "link", "set", "dev", self.bridge, "address", self.bridge_mac])
+        if self.host_reaches_pods:
+            steps.append(["ip", "addr", "add", self.bridge_address, "dev", self.bridge])
+        steps.append(["ip", "link", "set", self.bridge, "up"])
+        for argv in steps:
             proc = subprocess.run(argv, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise LabError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
