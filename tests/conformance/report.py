@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from tests.conformance.critest import SpecResult
@@ -236,12 +236,19 @@ class LabFailure:
     message: str
 
 
-def explain_lab_failures(direct: Sequence[SpecResult], runtime: str) -> list[LabFailure]:
+def explain_lab_failures(
+    direct: Sequence[SpecResult], runtime: str, flaky: Collection[str] = ()
+) -> list[LabFailure]:
     """Every spec that did not pass directly (skips excluded), with the lab's reason (or,
-    for a known flake of the runtime, why it fails at random here)."""
+    for a known flake of the runtime, why it fails at random here; or, for a spec in
+    ``flaky``, that every way agreed on the re-run)."""
     failures = []
     for spec in direct:
         if not spec.ran or spec.state == "passed":
+            continue
+        if spec.name in flaky and not any(re.search(f.spec, spec.name) for f in KNOWN_FLAKES):
+            reason = "flaky here: every way agreed on the re-run (see below)"
+            failures.append(LabFailure(spec.name, reason, spec.message))
             continue
         reason = next(
             (

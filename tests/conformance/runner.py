@@ -96,7 +96,8 @@ def run_conformance(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     direct = runs[options.ways[0].name]
-    failures = explain_lab_failures(direct.specs, options.containerd)
+    flaky = {row.name for row in comparison.flaky}
+    failures = explain_lab_failures(direct.specs, options.containerd, flaky)
     return ConformanceResult(options, runs, comparison, failures, time.monotonic() - start)
 
 

@@ -289,3 +289,11 @@ def test_a_known_flake_failing_directly_is_explained() -> None:
     assert failure.reason.startswith("flaky here: CRI-O 1.34.0 answers some of five")
     (failure,) = explain_lab_failures([flake], "2")
     assert failure.reason == ""
+
+
+def test_a_direct_failure_that_agreed_on_the_rerun_is_explained_as_flaky() -> None:
+    spec = SpecResult("[k8s.io] Runtime info runtime should return runtime conditions", "failed")
+    (failure,) = explain_lab_failures([spec], "crio", {spec.name})
+    assert failure.reason == "flaky here: every way agreed on the re-run (see below)"
+    (failure,) = explain_lab_failures([spec], "crio")
+    assert failure.reason == ""

@@ -183,5 +183,7 @@ def test_a_field_an_nri_plugin_changed_after_crihook_is_reported(overriding_bed:
 
 
 def _only_container(crihook: CrihookProcess) -> str:
+    """The one container in crihook's store (written behind the call: waited for)."""
+    wait_for(lambda: load_state(crihook.state_dir)["containers"], 30, "the stored container")
     (cid,) = load_state(crihook.state_dir)["containers"]
     return str(cid)
