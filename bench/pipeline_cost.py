@@ -73,6 +73,9 @@ class _NoContainers:
     async def sandbox_netns(self, pod_id: str) -> str | None:
         return None
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        return None  # the runtime does not say: the oom hook keeps what it asked for
+
 
 def in_process(scenario: Scenario) -> bool:
     """Whether the scenario chains in-process hooks only, so it can be run here."""

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Install everything and run crihook for real: a local containerd, crihook in front of it with
-# a demo hook chain, one pod through crihook, what happened printed; then serve until Ctrl-C.
+# crihook for real on this machine: a local containerd, crihook in front of it with the
+# resource and device hooks, pods through it as kubelet would, what containerd and the kernel
+# have printed after each step; then serve until Ctrl-C. Installs only what it uses (Debian's
+# containerd, runc, busybox, CNI plugins and gcc, and .venv): no Go peers.
 set -eu
 cd "$(dirname "$0")/.."
-sh deploy/setup.sh
+sh deploy/setup.sh --demo
 exec .venv/bin/python -m tests.lab.demo "$@"

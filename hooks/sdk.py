@@ -425,6 +425,9 @@ class _NoRuntime:
     async def sandbox_netns(self, pod_id: str) -> str | None:
         raise RuntimeError("plugins cannot query the runtime; use the Synchronize snapshot")
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        raise RuntimeError("plugins cannot query the runtime; use the Synchronize snapshot")
+
 
 def _states(raw: Mapping[str, str]) -> dict[str, ContainerState]:
     known = {s.value for s in ContainerState}

@@ -52,6 +52,7 @@ from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
 from crihook.proxy.metrics_http import MetricsServer
+from crihook.proxy.node_doc import NODE_FILE, node_doc, write_node_doc
 from crihook.proxy.observe import (
     ObservedCgroups,
     ObservedFiles,
@@ -266,6 +267,18 @@ class App:
             "recording": self.recorder.status() if self.recorder is not None else None,
         }
 
+    async def _write_node_doc(self) -> None:
+        """node.json, for `crihook state --cpus`: a failure costs only the map."""
+        doc = node_doc(self.settings, self.node)
+        try:
+            await asyncio.to_thread(write_node_doc, self.settings.state_dir, doc)
+        except OSError as exc:
+            log.warning(
+                "cannot write %s: %s (only `crihook state --cpus` reads it)",
+                self.settings.state_dir / NODE_FILE,
+                exc,
+            )
+
     async def _become_ready(self) -> None:
         while True:
             await self.runtime.wait_until_ready()
@@ -296,6 +309,12 @@ class App:
             log.error("serving with the state not written: %s", self.store.last_error)
             self.store.write_behind()
         await self._start_plugins()
+        self._tasks.append(
+            asyncio.create_task(
+                self.sync.forget_removed_every(self.settings.runtime.reconcile_seconds),
+                name="crihook-reconcile",
+            )
+        )
         # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
         # as the process: frozen, full collections stop walking it again and again.
         gc.collect()
@@ -385,6 +404,7 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
+        await self._write_node_doc()
         metrics_server = None
         if self.metrics is not None:
             assert settings.server.metrics_listen is not None

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     state = sub.add_parser("state", help="show pods, containers, owners and hook states")
     state.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     state.add_argument("--json", action="store_true", help="machine-readable output")
+    state.add_argument(
+        "--cpus",
+        action="store_true",
+        help="a map of the machine: sockets, NUMA nodes, cores and threads, each CPU reserved, "
+        "shared or held by a container, with NUMA memory and pooled devices",
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -213,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return replay_command(
                 args.file, args.config, args.hooks, args.update, sys.stdout, args.explain
             )
+        if args.cpus:
+            from crihook.proxy.cpu_map_cli import show_map
+
+            return show_map(args.state_dir, args.json, sys.stdout)
         from crihook.proxy.state_cli import show_state
 
         return show_state(args.state_dir, args.json)

@@ -95,6 +95,9 @@ class RuntimeSettings:
     """After each CreateContainer a hook adjusted, read the container back (verbose
     ContainerStatus) and report each field a hook set that the runtime made otherwise (an
     NRI plugin after crihook, the runtime's own rules)."""
+    reconcile_seconds: float = 10.0
+    """How often the runtime is listed for pods and containers removed without crihook
+    (kubelet's CPU manager reconciles every 10 s too)."""
 
     @property
     def image_target(self) -> str:
@@ -310,6 +313,7 @@ _TOP_KEYS = {
     "max_message_bytes",
     "data_path",
     "runtime_startup_wait_max_seconds",
+    "reconcile_seconds",
     "hooks",
     "node",
     "record",
@@ -562,6 +566,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         )
     if "read_back" in doc:
         runtime["read_back"] = _typed("read_back", doc["read_back"], bool, "true or false")
+    if "reconcile_seconds" in doc:
+        runtime["reconcile_seconds"] = _positive("reconcile_seconds", doc["reconcile_seconds"])
     if "state_dir" in doc:
         top["state_dir"] = _abs_path("state_dir", doc["state_dir"])
     if "plugins_dir" in doc:

@@ -8,8 +8,8 @@ Two kinds of figures:
   every pass-through call from the data path through `observe_call`.
 - **Read when scraped**, also on the loop: the chain's per-hook counters and breakers, the
   pools the built-in hooks keep (`Hook.usage`, see `hooks.spec.usage`) and their own
-  failures (`Hook.failures`), the store's size, failed updates to other containers,
-  readiness and the build.
+  failures (`Hook.failures`), each hook's timeout, the store's size and health, failed
+  updates to other containers, readiness and the build.
 
 `snapshot()` copies both on the loop (the state is the loop's; reading it from a thread
 would race with the calls), in plain dicts and tuples: cheap. `Snapshot.families()` builds
@@ -205,6 +205,7 @@ class Metrics:
                 entry.breaker.state,
                 entry.hook.connected,
                 failures_of(entry.hook),
+                entry.settings.timeout_ms / 1000,
             )
             for entry in sources.chain.entries
         ]
@@ -225,6 +226,8 @@ class Metrics:
             usage=usage,
             pods=len(sources.store.pods),
             containers=len(sources.store.containers),
+            store_degraded=sources.store.degraded is not None,
+            store_write_failures=sources.store.write_failures,
             update_failures=sources.update_failures(),
             synchronize_failures=sources.synchronize_failures(),
             ready=sources.readiness.ready,
@@ -242,6 +245,8 @@ class _HookFigures(NamedTuple):
     breaker: str
     connected: bool
     failures: dict[str, int]
+    timeout: float
+    """Seconds: the hook's `timeout_ms` (a call's deadline can make it shorter)."""
 
 
 Counts = tuple[tuple[int, ...], float]
@@ -262,6 +267,8 @@ class Snapshot:
     usage: list[PoolUsage]
     pods: int
     containers: int
+    store_degraded: bool
+    store_write_failures: int
     update_failures: int
     synchronize_failures: int
     ready: bool
@@ -333,12 +340,19 @@ class Snapshot:
             "1: the hook can be called (a plugin is connected)",
             labels=("hook",),
         )
+        timeout = GaugeMetricFamily(
+            "crihook_hook_timeout_seconds",
+            "The hook's timeout per call (timeout_ms; kubelet's deadline can make it shorter)",
+            labels=("hook",),
+        )
         for hook in self.hooks:
             for state in _BREAKER_STATES:
                 breaker.add_metric((hook.name, state), 1.0 if state == hook.breaker else 0.0)
             connected.add_metric((hook.name,), 1.0 if hook.connected else 0.0)
+            timeout.add_metric((hook.name,), hook.timeout)
         yield breaker
         yield connected
+        yield timeout
         failures = CounterMetricFamily(
             "crihook_hook_failures",
             "Work a hook does beside the calls that failed (it tries again later), by what",
@@ -371,6 +385,16 @@ class Snapshot:
         store.add_metric(("pod",), self.pods)
         store.add_metric(("container",), self.containers)
         yield store
+        yield GaugeMetricFamily(
+            "crihook_store_degraded",
+            "1 while writing the state dir fails (the state is kept in memory and retried)",
+            value=1.0 if self.store_degraded else 0.0,
+        )
+        yield CounterMetricFamily(
+            "crihook_store_write_failures",
+            "Writes of the state dir (store, hook states, journal) that failed",
+            value=self.store_write_failures,
+        )
         yield CounterMetricFamily(
             "crihook_container_update_failures",
             "Updates to other containers (UpdateContainerResources for hooks) that failed",

@@ -239,6 +239,15 @@ class ObservedQueries:
             "runtime", "sandbox_netns", [pod_id], lambda: self.queries.sandbox_netns(pod_id), None
         )
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        return await _note_async(
+            "runtime",
+            "oom_score_adj",
+            [container_id],
+            lambda: self.queries.oom_score_adj(container_id),
+            None,
+        )
+
 
 class ObservedNetlink:
     """A `Netlink` whose every question and change is noted (seam `netlink`): opening a

@@ -32,6 +32,7 @@ from crihook.hooks.spec.views import (
     container_view_from_config,
     container_view_updated,
     pod_view_from_config,
+    resources_updated,
     resources_view,
 )
 from crihook.proxy import observe
@@ -551,7 +552,8 @@ class Pipeline:
                 self.read_back.after_create(response.container_id, merger.owners, merger.values)
         elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
             record = call.container_record
-            res = resources_view(req.linux, call.pod.qos_class)
+            # As containerd applies it: what the update leaves unset stays as it was.
+            res = resources_updated(record.view.resources, req.linux)
             record.view = replace(record.view, resources=res)
             record.audit.update(audit)
             self.store.put_container(record)

@@ -326,9 +326,17 @@ class _SegmentReplay:
         self.report.results.append(result)
 
     def _adopt(self, entry: SyncEntry, fresh: bool) -> None:
-        """The pods and containers the runtime had, and (at a start) what the hooks of the
-        recorded chain had on disk; hooks new in the replay keep their own state."""
+        """The pods and containers the runtime had (those it no longer had, removed without
+        crihook, dropped), and (at a start) what the hooks of the recorded chain had on
+        disk; hooks new in the replay keep their own state."""
         store = self.store
+        if not fresh:
+            containers = {c.id for c in entry.containers}
+            for cid in [c for c in store.containers if c not in containers]:
+                store.remove_container(cid)
+            pods = {p.id for p in entry.pods}
+            for sid in [s for s in store.pods if s not in pods]:
+                store.remove_pod(sid)
         if fresh:
             for cid in list(store.containers):
                 store.remove_container(cid)

@@ -244,6 +244,10 @@ class RecordedNode:
         answer = self._ask("runtime", "sandbox_netns", [pod_id])
         return None if answer is _MISSING or answer is None else str(answer)
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        answer = self._ask("runtime", "oom_score_adj", [container_id])
+        return None if answer is _MISSING or answer is None else int(answer)
+
     async def all_container_states(self) -> dict[str, ContainerState]:
         return dict(self.states)
 

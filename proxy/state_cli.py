@@ -97,8 +97,7 @@ def render_state(doc: dict[str, Any]) -> str:
         )
         lines += _owners(record.get("audit", {}), "    ")
         for c in sorted(containers_by_pod.get(pod_id, []), key=lambda r: r["view"]["name"]):
-            cview = c["view"]
-            lines.append(f"  container {cview['name']} {cview['id'][:13]} kind={cview['kind']}")
+            lines.append(_container_line(c))
             lines += _owners(c.get("audit", {}), "      ")
             for err in c.get("update_errors", []):
                 lines.append(
@@ -107,6 +106,19 @@ def render_state(doc: dict[str, Any]) -> str:
     for name, state in doc["hook_states"].items():
         lines.append(f"hook state {name}: {json.dumps(state, sort_keys=True)}")
     return "\n".join(lines)
+
+
+def _container_line(record: dict[str, Any]) -> str:
+    """A container as kubelet described it: name, id, its state as crihook last saw it, and
+    kubelet's attempt (restart count). Its kind only where the pod says it (the
+    crihook.io/init-containers annotations): kubelet tells the runtime nothing of it (no
+    label or annotation of CreateContainer names init containers, v1.37)."""
+    view = record["view"]
+    line = f"  container {view['name']} {view['id'][:13]} {record.get('state', 'unknown')}"
+    line += f" attempt={view.get('attempt', 0)}"
+    if view.get("kind", "unknown") != "unknown":
+        line += f" kind={view['kind']}"
+    return line
 
 
 def _store_health(store: dict[str, Any]) -> list[str]:

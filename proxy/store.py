@@ -859,18 +859,7 @@ class Store:
     async def reconcile(self, runtime: RuntimeClient) -> tuple[int, int, int]:
         """Drop what the runtime no longer has, rebuild what it has that the disk lacks.
         Returns (kept, rebuilt, dropped) counts over pods and containers."""
-        sandboxes = await _call(
-            runtime,
-            "ListPodSandbox",
-            api_pb2.ListPodSandboxRequest(),
-            api_pb2.ListPodSandboxResponse,
-        )
-        containers = await _call(
-            runtime,
-            "ListContainers",
-            api_pb2.ListContainersRequest(),
-            api_pb2.ListContainersResponse,
-        )
+        sandboxes, containers = await _everything(runtime)
         live_pods = {s.id: s for s in sandboxes.items if s.id}
         live_containers = {c.id: c for c in containers.containers if c.id}
         kept = rebuilt = dropped = 0
@@ -902,6 +891,18 @@ class Store:
         if dropped or rebuilt:
             self._touch()
         return kept, rebuilt, dropped
+
+    async def missing_from(self, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
+        """The sandbox and container ids recorded here that the runtime no longer lists:
+        removed without crihook (another client, an operator's crictl, the runtime's own
+        clean-up). Changes nothing. Raises grpc.aio.AioRpcError when the runtime fails."""
+        sandboxes, containers = await _everything(runtime)
+        live_pods = {s.id for s in sandboxes.items}
+        live_containers = {c.id for c in containers.containers}
+        return (
+            [sid for sid in self.pods if sid not in live_pods],
+            [cid for cid in self.containers if cid not in live_containers],
+        )
 
     async def reconcile_pod(
         self, runtime: RuntimeClient, pod_uid: str
@@ -984,6 +985,17 @@ class Store:
         if pods or containers:
             self.write_behind()
         return pods, containers
+
+
+async def _everything(runtime: RuntimeClient) -> tuple[Any, Any]:
+    """Every sandbox and every container the runtime has (two list calls)."""
+    sandboxes = await _call(
+        runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest(), api_pb2.ListPodSandboxResponse
+    )
+    containers = await _call(
+        runtime, "ListContainers", api_pb2.ListContainersRequest(), api_pb2.ListContainersResponse
+    )
+    return sandboxes, containers
 
 
 async def _call(runtime: RuntimeClient, name: str, request: Any, response_type: Any) -> Any:

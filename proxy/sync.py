@@ -7,6 +7,11 @@ the same snapshot in their Synchronize when they connect. After a call whose out
 unknown (the runtime went away mid-call, kubelet gave up), the pod is reconciled shortly
 after, and if the runtime kept something crihook did not know of, every hook is
 synchronized again. Repairs the hooks ask for are sent as container updates.
+
+While crihook runs, the runtime is listed every `reconcile_seconds` (10 s, kubelet's CPU
+manager's reconcile period): pods and containers removed without crihook seeing it (another
+client, an operator's crictl, the runtime's own clean-up) are dropped, and every hook is
+synchronized to give back what it held for them.
 """
 
 from __future__ import annotations
@@ -101,6 +106,10 @@ class RuntimeView:
         info = api_pb2.PodSandboxStatusResponse.FromString(raw).info
         return netns_from_verbose_info(info)
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        linux = await self.resources(container_id)
+        return None if linux is None else linux.oom_score_adj
+
     async def resources(self, container_id: str) -> api_pb2.LinuxContainerResources | None:
         """What the runtime reports the container runs with now, if it says."""
         request = api_pb2.ContainerStatusRequest(container_id=container_id)
@@ -172,9 +181,13 @@ class Synchronizer:
                 continue  # gone meanwhile: the next reconcile drops it
             if linux is None:
                 continue
-            res = resources_view(linux, record.view.resources.qos_class)
-            if res != record.view.resources:
-                differed += 1
+            recorded = record.view.resources
+            res = resources_view(linux, recorded.qos_class)
+            if res != recorded:
+                # The runtime reports the score it applied at creation, which containerd may
+                # have raised (restrict_oom_score_adj); nothing changes it after: no drift.
+                if replace(res, oom_score_adj=recorded.oom_score_adj) != recorded:
+                    differed += 1
                 record.view = replace(record.view, resources=res)
                 self.store.put_container(record)
         return differed
@@ -246,6 +259,56 @@ class Synchronizer:
             pending.extend(stamp(entry.name, self.chain.permitted_updates(entry.name, updates)))
         return pending
 
+    async def forget_removed_every(self, period: float) -> None:
+        """Every `period` seconds, `forget_removed`; until cancelled. A runtime that does not
+        answer is asked again at the next round."""
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.forget_removed()
+            except grpc.aio.AioRpcError as exc:
+                log.debug("reconcile: the runtime did not answer (%s)", exc.code().name)
+            except Exception:  # a bug: said, and the next round runs all the same
+                log.exception("reconcile with the runtime failed")
+
+    async def forget_removed(self) -> tuple[int, int]:
+        """Drop the pods and containers the runtime no longer has (removed without crihook
+        seeing RemovePodSandbox or RemoveContainer), then synchronize every hook, so that
+        what they held for them is given back. Returns how many (sandboxes, containers)
+        went. Costs two list calls when nothing went; with no call in flight otherwise."""
+        if self._runtime_client is None:
+            return 0, 0
+        pods, containers = await self.store.missing_from(self._runtime_client)
+        if not pods and not containers:
+            return 0, 0
+        async with self.quiesced():  # the calls in flight have finished: ask again
+            gone = await self._forget(reason="reconcile")
+        return gone
+
+    async def _forget(self, reason: str) -> tuple[int, int]:
+        """With no call in flight: drop what the runtime no longer has; synchronize the
+        hooks if anything went."""
+        assert self._runtime_client is not None
+        pods, containers = await self.store.missing_from(self._runtime_client)
+        for sid in pods:
+            containers += [c.id for c in self.store.containers_of(sid) if c.id not in containers]
+        for cid in containers:
+            self.store.remove_container(cid)
+            self.updater.forget(cid)
+        for sid in pods:
+            self.store.remove_pod(sid)
+        if not pods and not containers:
+            return 0, 0
+        log.info(
+            "the runtime no longer has %d sandbox(es) and %d container(s) crihook knew of "
+            "(removed without crihook): forgotten, and what hooks held for them given back",
+            len(pods),
+            len(containers),
+        )
+        self.store.write_behind()
+        await self.synchronize(reason)
+        return len(pods), len(containers)
+
     def reconcile_soon(self, pod: PodView) -> None:
         """After a call with an unknown outcome for `pod`: learn what the runtime kept, then
         let every hook confirm or release what it reserved for the call."""
@@ -301,7 +364,12 @@ class Synchronizer:
                 try:
                     pods, containers = await find()
                     async with self.quiesced():  # no reservation in flight meanwhile
-                        await self.synchronize(reason)
+                        # A removal whose answer crihook did not see may have happened.
+                        forgot = (0, 0)
+                        if self._runtime_client is not None:
+                            forgot = await self._forget(reason)
+                        if forgot == (0, 0):
+                            await self.synchronize(reason)
                     break
                 except grpc.aio.AioRpcError as exc:
                     attempt += 1

@@ -26,7 +26,7 @@ import grpc
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
-from crihook.hooks.spec.views import resources_view
+from crihook.hooks.spec.views import resources_updated
 from crihook.proxy.merge import PendingUpdate
 from crihook.proxy.methods import method_path
 from crihook.proxy.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
@@ -115,7 +115,7 @@ class ContainerUpdater:
             if record is None:
                 self._forget_if_gone(container_id, target)
                 return sent
-            res = resources_view(request.linux, record.view.resources.qos_class)
+            res = resources_updated(record.view.resources, request.linux)
             record.view = replace(record.view, resources=res)
             now = time.time()
             for name, (value, _, hook) in fields.items():

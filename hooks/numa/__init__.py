@@ -22,6 +22,7 @@ from crihook.hooks.numa.memory import (
     memory_hints,
     pod_memory_requests,
     release,
+    resize,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "memory_hints",
     "pod_memory_requests",
     "release",
+    "resize",
 ]

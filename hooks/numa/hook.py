@@ -5,6 +5,7 @@ NUMA node as kubelet's memory manager (Static policy) does it.
     reserved_memory = { "0" = "1Gi" }   # kubelet's --reserved-memory: node = amount
                                         # (default: 100Mi on the first node, kubelet's default
                                         # hard eviction threshold)
+    resize_exclusive_memory = false     # kubelet's InPlacePodVerticalScalingExclusiveMemory
 
 - A container of a Guaranteed pod with a memory limit gets memory (and hugepages, from its
   hugepage limits) on NUMA nodes: the nodes the topology policy chose for the container
@@ -19,6 +20,12 @@ NUMA node as kubelet's memory manager (Static policy) does it.
   under the container's id, released when the call fails, when kubelet stops or removes the
   container, and when its pod is removed. The cpuset.mems crihook set is kept on kubelet's
   UpdateContainerResources.
+- An in-place resize of placed memory is refused, as kubelet's Static policy refuses it
+  while its alpha gate InPlacePodVerticalScalingExclusiveMemory is off (the default).
+  `resize_exclusive_memory = true` is that gate: the memory then grows within the NUMA nodes
+  the container holds (refused past their free memory) and shrinks in place. A growth is
+  reserved in the pre stage and given back if the runtime does not apply it; a shrink gives
+  memory back once the runtime applied it.
 - Like the cpuset hook it places exempt pods' containers too.
 """
 
@@ -41,6 +48,7 @@ from crihook.hooks.numa.memory import (
     hugepage_resource,
     memory_hints,
     release,
+    resize,
 )
 from crihook.hooks.spec import (
     Adjustment,
@@ -66,8 +74,8 @@ __all__ = ["NumaHook", "container_requests", "parse_quantity", "parse_reserved_m
 log = logging.getLogger(__name__)
 
 DEFAULT_RESERVED = "100Mi"
-_KEYS = {"reserved_memory"}
-_STATE, _OWNERS, _PENDING = "memory", "owners", "pending"
+_KEYS = {"reserved_memory", "resize_exclusive_memory"}
+_STATE, _OWNERS, _PENDING, _RESIZING = "memory", "owners", "pending", "resizing"
 _QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -134,6 +142,12 @@ class NumaHook(Hook):
         unknown = sorted(set(self.options) - _KEYS)
         if unknown:
             raise ValueError(f"numa: unknown option(s) {', '.join(unknown)}")
+        resize_memory = self.options.get("resize_exclusive_memory", False)
+        if not isinstance(resize_memory, bool):
+            raise ValueError(
+                f"numa: resize_exclusive_memory must be true or false, not {resize_memory!r}"
+            )
+        self.resize_exclusive_memory = resize_memory
         self._node: Topology | None = None
         self._reserved: dict[int, dict[str, int]] = {}
         self._memory: MemoryState | None = None
@@ -142,6 +156,9 @@ class NumaHook(Hook):
         """Container id → [pod id, name]: the attempt that holds its name's memory."""
         self._pending: dict[str, dict[str, Any]] = {}
         """Reservation key → {"ref": [pod id, name], "new": bool} until the runtime answers."""
+        self._resizing: dict[str, dict[str, int]] = {}
+        """Container id → {"from": bytes, "to": bytes}: an in-place resize of its memory the
+        runtime has not answered yet (a growth is held already, a shrink not given back)."""
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -174,6 +191,7 @@ class NumaHook(Hook):
                 log.error("numa: the saved memory state is unusable (%s); rebuilt empty", exc)
         self._owners = dict(state.get(_OWNERS, {}))
         self._pending = dict(state.get(_PENDING, {}))
+        self._resizing = dict(state.get(_RESIZING, {}))
         return memory
 
     def _reconcile(self, sync: SyncContext) -> list[ContainerUpdate]:
@@ -188,6 +206,8 @@ class NumaHook(Hook):
                 elif pending.get("new"):
                     release(memory, ContainerRef(*pending["ref"]))
                 del self._pending[key]
+            for cid, change in list(self._resizing.items()):
+                self._settle_resize(cid, change, live.get(cid))
             held = {tuple(ref) for cid, ref in self._owners.items() if cid in live}
             self._owners = {cid: ref for cid, ref in self._owners.items() if cid in live}
             for pod, names in list(memory.assignments.items()):
@@ -286,24 +306,84 @@ class NumaHook(Hook):
         want = self._mems_of(container.id)
         if want is None:
             return None
-        self._refuse_memory_resize(container, ctx.peek_request().linux)  # type: ignore[attr-defined]
+        # 0 is "unset" (containerd keeps the limit): kubelet's static CPU manager, crictl.
+        limit = ctx.peek_request().linux.memory_limit_in_bytes  # type: ignore[attr-defined]
+        held = self._held(container.id)
+        if limit and held and limit != held:
+            self._resize(ctx, container, held, limit)
         return Adjustment().set_cpuset_mems(format_cpu_list(want))
 
-    def _refuse_memory_resize(self, container: ContainerView, linux: object) -> None:
-        """kubelet's rule: memory the memory manager placed is not resized in place
-        (InPlacePodVerticalScalingExclusiveMemory is off by default): refused."""
-        limit = getattr(linux, "memory_limit_in_bytes", 0)
-        ref = self._owners.get(container.id)
-        if not limit or ref is None or self._memory is None:
-            return
-        blocks = self._memory.blocks(ContainerRef(*ref)) or []
-        held = sum(b.size for b in blocks if b.resource == MEMORY)
-        if held and limit != held:
+    def _resize(self, ctx: HookContext, container: ContainerView, held: int, limit: int) -> None:
+        """kubelet's rule: memory the Static policy placed is not resized in place while
+        InPlacePodVerticalScalingExclusiveMemory is off (`resize_exclusive_memory`, off by
+        default as in kubelet): refused. With it, the memory grows within the NUMA nodes it
+        is on (held from now on) or shrinks (given back once the runtime applied it)."""
+        what = f"resize of container {container.name!r} to {limit} bytes of memory"
+        if not self.resize_exclusive_memory:
             raise Reject(
-                f"resize of container {container.name!r} to {limit} bytes of memory is "
-                f"infeasible: {held} bytes are placed on NUMA nodes for it (kubelet's "
-                "memory manager does not resize Guaranteed containers in place)"
+                f"{what} is infeasible: {held} bytes are placed on NUMA nodes for it (kubelet's "
+                "memory manager does not resize Guaranteed containers in place; "
+                "[hooks.numa] resize_exclusive_memory = true resizes within its NUMA nodes)"
             )
+        ref = ContainerRef(*self._owners[container.id])
+        assert self._memory is not None
+        if limit > held:
+            try:
+                resize(self._memory, ref, limit)
+            except MemoryAllocationError as exc:
+                raise Reject(f"{what} is infeasible: {exc}") from None
+        self._resizing[container.id] = {"from": held, "to": limit}
+        self._save()
+
+    async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        cid = _container(ctx).id
+        change = self._resizing.pop(cid, None)
+        if change is None:
+            return None
+        self._settle_resize(cid, change, applied=True)
+        self._save()
+        return None
+
+    async def failed_update_container_resources(self, ctx: HookContext) -> None:
+        cid = _container(ctx).id
+        change = self._resizing.pop(cid, None)
+        if change is None:
+            return
+        self._settle_resize(cid, change, applied=False)
+        self._save()
+
+    def _settle_resize(
+        self,
+        cid: str,
+        change: Mapping[str, int],
+        live: ContainerView | None = None,
+        *,
+        applied: bool | None = None,
+    ) -> None:
+        """A resize the runtime answered (`applied`), or one whose answer crihook did not see
+        (at a synchronize: applied if the container runs with the new limit): a growth not
+        applied is given back, a shrink applied gives back what it no longer needs."""
+        self._resizing.pop(cid, None)
+        ref = self._owners.get(cid)
+        if ref is None or self._memory is None:
+            return
+        if applied is None:
+            applied = live is not None and live.resources.memory_limit_bytes == change["to"]
+        grew = change["to"] > change["from"]
+        if grew == applied:
+            return  # a growth applied is held already; a shrink not applied holds as before
+        try:
+            resize(self._memory, ContainerRef(*ref), change["from"] if grew else change["to"])
+        except MemoryAllocationError as exc:  # giving back always fits: a bug
+            log.error("numa: container %s: settling its resize failed: %s", cid[:12], exc)
+
+    def _held(self, container_id: str) -> int | None:
+        """The bytes of memory placed for the container, None when it has none placed."""
+        ref = self._owners.get(container_id)
+        if ref is None or self._memory is None:
+            return None
+        blocks = self._memory.blocks(ContainerRef(*ref)) or []
+        return sum(b.size for b in blocks if b.resource == MEMORY) or None
 
     # --- giving memory back ------------------------------------------------------------------
     async def post_stop_container(self, ctx: HookContext) -> Adjustment | None:
@@ -408,6 +488,11 @@ class NumaHook(Hook):
         self._state.set(_STATE, self._memory.to_dict())
         self._state.set(_OWNERS, self._owners)
         self._state.set(_PENDING, self._pending)
+        # Written only while a resize is pending: every other call saves no more than before.
+        if self._resizing:
+            self._state.set(_RESIZING, self._resizing)
+        elif self._state.get(_RESIZING) is not None:
+            self._state.delete(_RESIZING)
 
 
 def _init_containers(pod: PodView) -> list[InitContainer]:

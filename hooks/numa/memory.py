@@ -11,6 +11,8 @@ Pure functions over a `MemoryState` that the caller owns and persists:
 * `memory_hints(state, requests, container=...)`: kubelet's GetTopologyHints.
 * `allocate(state, container, requests, affinity, init_containers=...)`: kubelet's Allocate.
 * `release(state, container)`: kubelet's RemoveContainer.
+* `resize(state, container, size)`: an in-place resize of a container's memory within the
+  NUMA nodes it holds (not kubelet's: its Static policy does not resize, see below).
 * `state.to_dict()` / `MemoryState.from_dict(topology, reserved, data)`: the containers'
   blocks as JSON, and the machine state rebuilt from the topology and those blocks the way
   kubelet's validateState recomputes it at start.
@@ -50,6 +52,12 @@ Deliberate differences:
 * `build` refuses reservations on NUMA nodes the topology lacks and reservations larger than
   a node's memory, which kubelet would accept or underflow.
 * Error messages are kubelet's without its "[memorymanager]" prefix.
+* `resize`: kubelet's Static policy refuses an in-place memory resize of a Guaranteed pod
+  at admission, and with its alpha gate InPlacePodVerticalScalingExclusiveMemory on it admits
+  the resize and leaves its state as it was (Allocate handles only the add operation). Here
+  the "memory" block grows into, or shrinks back from, the free memory of the nodes it is on,
+  taken and given back node by node in order as `allocate` and `release` do; a growth they
+  cannot hold is refused, never placed elsewhere.
 * Newer stored kubelet sources add pod-level resource managers and a memory drift tolerance
   at restart, both behind feature gates that are off by default; not implemented. Only the
   pod-level request arithmetic (`pod_memory_requests`) is ported.
@@ -82,6 +90,7 @@ __all__ = [
     "memory_hints",
     "pod_memory_requests",
     "release",
+    "resize",
 ]
 
 MEMORY = "memory"
@@ -562,6 +571,45 @@ def release(state: MemoryState, container: ContainerRef) -> None:
             table.free += given
             table.reserved -= given
             released -= given
+
+
+def resize(state: MemoryState, container: ContainerRef, size: int) -> int:
+    """The container's "memory" block made `size` bytes on the NUMA nodes it is on: the
+    growth taken from their free memory, a shrink given back to them. Returns the size it
+    had. MemoryAllocationError when it has no memory block, or when those nodes' free memory
+    cannot hold the growth; the state is then unchanged."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"memory size must be a whole number of bytes: {size!r}")
+    blocks = state.blocks(container) or []
+    held = [b for b in blocks if b.resource == MEMORY]
+    if len(held) != 1:
+        raise MemoryAllocationError("the container has no memory placed on NUMA nodes", container)
+    block = held[0]
+    tables = [state.nodes[n].memory[MEMORY] for n in block.numa if MEMORY in state.nodes[n].memory]
+    if size > block.size:
+        free = sum(t.free for t in tables)
+        if size - block.size > free:
+            nodes = ",".join(str(n) for n in block.numa)
+            raise MemoryAllocationError(
+                f"{size - block.size} more bytes of memory do not fit on NUMA node(s) {nodes} "
+                f"it holds ({free} bytes free there)",
+                container,
+            )
+        left = size - block.size
+        for table in tables:
+            left = _take_from(table, left)
+    else:
+        given = block.size - size
+        for table in tables:
+            back = min(given, table.reserved)
+            table.reserved -= back
+            table.free += back
+            given -= back
+    resized = dataclasses.replace(block, size=size)
+    state.assignments[container.pod][container.name] = [
+        resized if b is block else b for b in blocks
+    ]
+    return block.size
 
 
 def _default_hint(

@@ -9,10 +9,18 @@
 - A pod annotation `oom.crihook.io/score-adj` overrides both, but only inside the range
   configured for the pod's namespace (`"*"`: every other namespace); outside it, or when it is
   not an integer, CreateContainer fails with INVALID_ARGUMENT naming the annotation.
-- The score crihook set is sticky: kubelet's UpdateContainerResources carries it again. And
-  since containerd ignores oom_score_adj in UpdateContainerResources, a new score for a
-  running container (kubelet's, after a resize) is written to `/proc/<pid>/oom_score_adj` of
-  every process of the container, through the Host seam.
+- The state keeps, per container, the score it was asked for (`asked`) and the one its
+  processes have (`score`): what the runtime applied at creation, which containerd with
+  `restrict_oom_score_adj` raises to its own score (a Guaranteed container's -997 becomes 0
+  where containerd lacks CAP_SYS_RESOURCE). The runtime's clamp is learnt from its answers
+  (ContainerStatus), asked only while it is not known: once per floor, not once per call.
+- The score crihook set is sticky: kubelet's UpdateContainerResources carries it again.
+- containerd ignores oom_score_adj in UpdateContainerResources, and so does this hook unless
+  kubelet asks for another score than the container's (a resize that changes a Burstable
+  container's memory request): that one is written to `/proc/<pid>/oom_score_adj` of every
+  process of the container, through the Host seam, as the runtime would have applied it. An
+  update's 0 is "unset" (containerd reads every number of an update so, and kubelet never
+  asks for 0): kubelet's static CPU manager and `crictl update` send only what they change.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 from crihook.hooks.node import Host
 from crihook.hooks.oom.policy import (
     SCORE_ADJ_ANNOTATION,
+    ScoreClamp,
     ScoreRanges,
     parse_score_override,
     parse_score_ranges,
@@ -40,6 +49,7 @@ from crihook.hooks.spec import (
     InvalidRequest,
     PodView,
     QoSClass,
+    RuntimeQueries,
     SyncContext,
 )
 
@@ -109,22 +119,36 @@ class OomHook(Hook):
         super().__init__(options)
         self.config = parse_options(self.options)
         self._host: Host | None = None
+        self._runtime: RuntimeQueries | None = None
+        self._clamp = ScoreClamp()
 
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
         self._host = sync.host
+        self._runtime = sync.runtime
+        # Learnt again: the runtime may have restarted with another setting meanwhile.
+        self._clamp = ScoreClamp()
         live = {c.id: c for c in sync.containers}
-        for key, _ in sync.state.items():
-            if key.startswith(_CONTAINER) and key[len(_CONTAINER) :] not in live:
+        for key, doc in sync.state.items():
+            if not key.startswith(_CONTAINER):
+                continue
+            cid = key[len(_CONTAINER) :]
+            if cid not in live:
                 sync.state.delete(key)
+            elif "asked" not in doc:  # written by a crihook that kept only the score asked
+                reported = live[cid].resources.oom_score_adj
+                applied = doc["score"] if reported is None else reported
+                sync.state.set(key, {**doc, "asked": doc["score"], "score": applied})
         # Containers this hook did not see created (crihook was put in front of a running
         # node): known from now on, with the score the runtime reports, so a later kubelet
-        # update reaches their processes too.
+        # update reaches their processes too. What kubelet asked for is not known; what
+        # crihook's policy asks for is.
         pods = {p.id: p for p in sync.pods}
         for cid, container in live.items():
             score = container.resources.oom_score_adj
             pod = pods.get(container.pod_id)
             if sync.state.get(_CONTAINER + cid) is None and score is not None and pod is not None:
-                doc = {"pod": pod.id, "score": score, "sticky": _sticky(self, pod)}
+                chosen = _chosen(self, pod)
+                doc = {"pod": pod.id, "asked": chosen, "score": score, "sticky": chosen is not None}
                 sync.state.set(_CONTAINER + cid, doc)
         return ()
 
@@ -134,16 +158,41 @@ class OomHook(Hook):
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
         cid: str = ctx.response.container_id  # type: ignore[union-attr]
-        score = ctx.peek_request().config.linux.resources.oom_score_adj  # type: ignore[attr-defined]
+        asked = int(ctx.peek_request().config.linux.resources.oom_score_adj)  # type: ignore[attr-defined]
+        applied = self._clamp.applied(asked)
         sticky = _sticky(self, ctx.pod)
-        ctx.state.set(_CONTAINER + cid, {"pod": ctx.pod.id, "score": score, "sticky": sticky})
+        doc = {"pod": ctx.pod.id, "asked": asked, "score": applied, "sticky": sticky}
+        if applied is None:
+            # Kept before the runtime is asked: a hook timeout meanwhile loses no container.
+            ctx.state.set(_CONTAINER + cid, {**doc, "score": asked})
+            doc["score"] = await self._applied_by_runtime(cid, asked)
+        ctx.state.set(_CONTAINER + cid, doc)
         return None
+
+    async def _applied_by_runtime(self, cid: str, asked: int) -> int:
+        """The score the runtime gave the container it just created (and what that says of
+        its clamp); `asked` when it cannot say."""
+        if self._runtime is None:
+            return asked
+        try:
+            applied = await self._runtime.oom_score_adj(cid)
+        except Exception as exc:  # the runtime's error (grpc): the next container asks again
+            log.warning(
+                "oom: cannot ask the runtime which oom_score_adj container %s got (%s); "
+                "recorded as asked (%d)",
+                cid[:12],
+                exc,
+                asked,
+            )
+            return asked
+        self._clamp.learn(asked, applied)
+        return asked if applied is None else applied
 
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
         kept = ctx.state.get(_CONTAINER + _container(ctx).id)
         if kept is None or not kept.get("sticky"):
             return None
-        return Adjustment().set_oom_score_adj(int(kept["score"]))
+        return Adjustment().set_oom_score_adj(int(kept["asked"]))
 
     async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
@@ -151,20 +200,39 @@ class OomHook(Hook):
         kept = ctx.state.get(key)
         if kept is None or self._host is None or not ctx.peek_request().HasField("linux"):
             return None  # without resources (only annotations, say) it asks for no score
-        wanted = int(ctx.peek_request().linux.oom_score_adj)  # type: ignore[attr-defined]
-        if int(kept["score"]) == wanted:
-            return None
-        # containerd ignores oom_score_adj on update: crihook writes it to the processes.
-        written = await asyncio.to_thread(
-            _write_scores, self._host, ctx.pod.cgroup_parent, container.id, wanted
-        )
-        log.info(
-            "oom: container %s now has oom_score_adj %d (%d process(es))",
-            container.name or container.id[:12],
-            wanted,
-            written,
-        )
-        ctx.state.set(key, {**kept, "score": wanted})
+        asked = int(ctx.peek_request().linux.oom_score_adj)  # type: ignore[attr-defined]
+        if asked == 0 or asked == kept.get("asked"):
+            return None  # unset (a partial update), or the score it has been asked for
+        current = int(kept["score"])
+        # As the runtime would have applied it at creation, when its clamp is known; else
+        # as asked: the kernel refuses a score below what the container may have (EACCES)
+        # where containerd's clamp comes from (no CAP_SYS_RESOURCE).
+        score = self._clamp.applied(asked)
+        score = asked if score is None else score
+        name = container.name or container.id[:12]
+        if score != current:
+            # containerd ignores oom_score_adj on update: crihook writes it to the processes.
+            try:
+                written = await asyncio.to_thread(
+                    _write_scores, self._host, ctx.pod.cgroup_parent, container.id, score
+                )
+            except PermissionError as exc:
+                log.warning(
+                    "oom: container %s keeps oom_score_adj %d: the kernel refuses %d (%s)",
+                    name,
+                    current,
+                    score,
+                    exc,
+                )
+                return None
+            log.info(
+                "oom: container %s now has oom_score_adj %d (asked for %d; %d process(es))",
+                name,
+                score,
+                asked,
+                written,
+            )
+        ctx.state.set(key, {**kept, "asked": asked, "score": score})
         return None
 
     async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
@@ -180,10 +248,14 @@ class OomHook(Hook):
 
 
 def _sticky(hook: OomHook, pod: PodView) -> bool:
+    return _chosen(hook, pod) is not None
+
+
+def _chosen(hook: OomHook, pod: PodView) -> int | None:
     try:
-        return chosen_score(hook.config, pod) is not None
+        return chosen_score(hook.config, pod)
     except InvalidRequest:
-        return False
+        return None
 
 
 def _write_scores(host: Host, cgroup_parent: str, container_id: str, score: int) -> int:

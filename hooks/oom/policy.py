@@ -33,6 +33,7 @@ __all__ = [
     "BESTEFFORT_OOM_SCORE_ADJ",
     "GUARANTEED_OOM_SCORE_ADJ",
     "SCORE_ADJ_ANNOTATION",
+    "ScoreClamp",
     "ScoreRange",
     "ScoreRanges",
     "kubelet_oom_score_adj",
@@ -184,3 +185,37 @@ def parse_score_ranges(table: Mapping[str, object]) -> ScoreRanges:
         else:
             by_namespace[key] = parsed
     return ScoreRanges(MappingProxyType(dict(sorted(by_namespace.items()))), fallback)
+
+
+@dataclass
+class ScoreClamp:
+    """What the runtime makes of the score a container is created with, as far as its answers
+    have told. containerd with ``restrict_oom_score_adj`` (set where it lacks
+    CAP_SYS_RESOURCE) raises a score below its own oom_score_adj to its own: a floor, the
+    same for every container; without it every score is applied as asked. One answer with a
+    raised score gives the floor; one as asked says there is none above that score."""
+
+    floor: int | None = None
+    """The runtime raised a score to this one: every score below it becomes it."""
+    as_asked_from: int = BESTEFFORT_OOM_SCORE_ADJ + 1
+    """Every score from this one up is applied as asked."""
+    silent: bool = False
+    """The runtime does not say what it applied: scores are taken as asked."""
+
+    def applied(self, asked: int) -> int | None:
+        """The score a container asking for `asked` gets; None while that is not known."""
+        if self.floor is not None:
+            return max(asked, self.floor)
+        if self.silent or asked >= self.as_asked_from:
+            return asked
+        return None
+
+    def learn(self, asked: int, applied: int | None) -> None:
+        """The runtime gave a container created with `asked` the score `applied` (None: it
+        does not say)."""
+        if applied is None:
+            self.silent = True
+        elif applied > asked:
+            self.floor = applied
+        elif applied == asked:
+            self.as_asked_from = min(self.as_asked_from, asked)

@@ -78,6 +78,12 @@ class RuntimeQueries(Protocol):
         None for a pod on the host's network."""
         ...
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        """The oom_score_adj the runtime gave a container when it created it (ContainerStatus;
+        containerd with `restrict_oom_score_adj` raises a score below its own to its own);
+        None when the runtime does not say."""
+        ...
+
 
 @dataclass(frozen=True)
 class SyncContext:
@@ -94,7 +100,8 @@ class SyncContext:
     """Resources as the runtime reports them now (ContainerStatus), where it reports them."""
     container_states: Mapping[str, ContainerState]
     reason: str = "start"
-    """`start`, or `reconcile` when crihook learnt of pods and containers it had missed."""
+    """`start`, or `reconcile` when crihook learnt of pods and containers it had missed, or
+    found some the runtime no longer has (removed without crihook)."""
     topology_policy: str = "none"
     """The node's topology policy (`[node] topology_policy`)."""
     topology_scope: str = "container"

@@ -35,6 +35,7 @@ __all__ = [
     "cpu_request_milli_from_shares",
     "pod_view_from_config",
     "qos_from_cgroup_parent",
+    "resources_updated",
     "resources_view",
 ]
 
@@ -251,10 +252,64 @@ def resources_view(
     """Decode LinuxContainerResources as kubelet fills them."""
     if linux is None:
         return ResourcesView(qos_class=qos_class)
-    request = cpu_request_milli_from_shares(linux.cpu_shares)
+    return _decoded(
+        qos_class,
+        shares=linux.cpu_shares,
+        quota=linux.cpu_quota,
+        period=linux.cpu_period,
+        memory=linux.memory_limit_in_bytes,
+        oom_score_adj=linux.oom_score_adj,
+        cpuset_cpus=linux.cpuset_cpus,
+        cpuset_mems=linux.cpuset_mems,
+        hugepages=(
+            MappingProxyType({h.page_size: h.limit for h in linux.hugepage_limits})
+            if linux.hugepage_limits
+            else _NO_HUGEPAGES
+        ),
+    )
+
+
+def resources_updated(view: ResourcesView, linux: api_pb2.LinuxContainerResources) -> ResourcesView:
+    """The resources a container runs with after an UpdateContainerResources carrying
+    `linux`, field by field as containerd (1.6 and 2.x) applies one to the container's spec:
+    a zero number or an empty cpuset leaves the field as it was (CRI cannot tell "unset"
+    from 0: kubelet's static CPU manager sends only a cpuset, `crictl update` only what it
+    is given), hugepage limits replace those of the page sizes they name, and
+    oom_score_adj is ignored (it is set once, at creation)."""
+    hugepages = view.hugepage_limits
+    if linux.hugepage_limits:
+        hugepages = MappingProxyType(
+            {**hugepages, **{h.page_size: h.limit for h in linux.hugepage_limits}}
+        )
+    return _decoded(
+        view.qos_class,
+        shares=linux.cpu_shares or view.cpu_shares or 0,
+        quota=linux.cpu_quota or view.cpu_quota or 0,
+        period=linux.cpu_period or view.cpu_period or 0,
+        memory=linux.memory_limit_in_bytes or view.memory_limit_bytes or 0,
+        oom_score_adj=view.oom_score_adj,
+        cpuset_cpus=linux.cpuset_cpus or view.cpuset_cpus,
+        cpuset_mems=linux.cpuset_mems or view.cpuset_mems,
+        hugepages=hugepages,
+    )
+
+
+def _decoded(
+    qos_class: QoSClass,
+    *,
+    shares: int,
+    quota: int,
+    period: int,
+    memory: int,
+    oom_score_adj: int | None,
+    cpuset_cpus: str,
+    cpuset_mems: str,
+    hugepages: Mapping[str, int],
+) -> ResourcesView:
+    request = cpu_request_milli_from_shares(shares)
     limit = None
-    if linux.cpu_quota > 0 and linux.cpu_period > 0:
-        limit = linux.cpu_quota * 1000 // linux.cpu_period
+    if quota > 0 and period > 0:
+        limit = quota * 1000 // period
     integer = None
     if qos_class is QoSClass.GUARANTEED and request and request % 1000 == 0:
         integer = request // 1000
@@ -262,19 +317,15 @@ def resources_view(
         qos_class=qos_class,
         cpu_request_milli=request,
         cpu_limit_milli=limit,
-        memory_limit_bytes=linux.memory_limit_in_bytes or None,
+        memory_limit_bytes=memory or None,
         integer_cpus=integer,
-        oom_score_adj=linux.oom_score_adj,
-        cpu_shares=linux.cpu_shares or None,
-        cpu_quota=linux.cpu_quota or None,
-        cpu_period=linux.cpu_period or None,
-        cpuset_cpus=linux.cpuset_cpus,
-        cpuset_mems=linux.cpuset_mems,
-        hugepage_limits=(
-            MappingProxyType({h.page_size: h.limit for h in linux.hugepage_limits})
-            if linux.hugepage_limits
-            else _NO_HUGEPAGES
-        ),
+        oom_score_adj=oom_score_adj,
+        cpu_shares=shares or None,
+        cpu_quota=quota or None,
+        cpu_period=period or None,
+        cpuset_cpus=cpuset_cpus,
+        cpuset_mems=cpuset_mems,
+        hugepage_limits=hugepages,
     )
 
 

@@ -508,3 +508,39 @@ def docs_of_path(path: Path, method: str) -> list[dict[str, Any]]:
         for number, doc in enumerate(lines(path), 1)
         if doc.get("method") == method
     ]
+
+
+def test_pods_removed_without_crihook_are_forgotten_in_the_recording_and_the_replay() -> None:
+    """crihook lists the runtime every `reconcile_seconds`: a pod removed on the runtime's
+    own socket is dropped and its CPUs given back (a synchronize, recorded); the replay
+    drops it at that line too, and the next pod gets those CPUs in both."""
+    workdir = short_tmpdir("rr-")
+    root = write_sysfs(workdir / "sys", CPUS_48)
+    path = workdir / "rec.jsonl"
+    runtime = MemoryRuntime(workdir / "rt.sock").start()
+    args = ["--sysfs-root", str(root), "--record", str(path)]
+    config = "reconcile_seconds = 0.5\n" + CONFIG
+    proc = CrihookProcess(runtime.endpoint, workdir=workdir, config=config, hooks=None, args=args)
+    try:
+        proc.start()
+        with (
+            grpc.insecure_channel(proc.endpoint) as channel,
+            grpc.insecure_channel(runtime.endpoint) as direct,
+        ):
+            kubelet = Kubelet(api_pb2_grpc.RuntimeServiceStub(channel))
+            g1, (c1,) = kubelet.pod(guaranteed("g1", 24))
+            held = parse_cpu_list(runtime.cpuset_of(c1))
+            Kubelet(api_pb2_grpc.RuntimeServiceStub(direct)).remove(g1, [c1])  # behind its back
+            wait_for(lambda: "removed without crihook" in proc.log(), 30, "the pod forgotten")
+            _, (c2,) = kubelet.pod(guaranteed("g2", 24))
+            assert parse_cpu_list(runtime.cpuset_of(c2)) == held
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+        runtime.stop()
+    syncs = [line for line in lines(path) if line.get("kind") == "sync"]
+    assert [s["reason"] for s in syncs] == ["start", "reconcile"]
+    assert [p["id"] for p in syncs[1]["pods"]] == []
+    shutil.rmtree(root)
+    result = replay(path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -344,8 +344,18 @@ def test_oom_score_override_kubelets_value_and_updates_reach_the_processes(
         state = state_when(
             proc, "oom", lambda s: s.get(f"c:{plain}", {}).get("score") == 800, "the new score"
         )
-        assert state[f"c:{over}"] == {"pod": over_pod.sandbox_id, "score": 700, "sticky": True}
-        assert state[f"c:{plain}"] == {"pod": plain_pod.sandbox_id, "score": 800, "sticky": False}
+        assert state[f"c:{over}"] == {
+            "pod": over_pod.sandbox_id,
+            "asked": 700,
+            "score": 700,
+            "sticky": True,
+        }
+        assert state[f"c:{plain}"] == {
+            "pod": plain_pod.sandbox_id,
+            "asked": 800,
+            "score": 800,
+            "sticky": False,
+        }
 
 
 # --- 3. restart: the allocation comes back from the state dir --------------------------------

@@ -257,7 +257,7 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
         wait_for(lambda: "50-hostile" in proc.log(), 10, "the plugin in the chain")
         proc.stop()
         assert _files(outside) == set(), "crihook wrote outside its state directory"
-        assert _files(proc.state_dir) <= {"store.json", "status.json", "hooks"}
+        assert _files(proc.state_dir) <= {"store.json", "status.json", "node.json", "hooks"}
         assert plugin.poll() is None  # it was served, not crashed
     finally:
         plugin.kill()

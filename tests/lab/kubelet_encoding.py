@@ -35,6 +35,7 @@ __all__ = [
     "container_config",
     "container_hash",
     "container_labels",
+    "cpu_manager_update",
     "effective_requests",
     "linux_resources",
     "milli_cpu_to_quota",
@@ -42,6 +43,7 @@ __all__ = [
     "oom_score_adj",
     "pod_log_directory",
     "qos_class",
+    "resize_update",
     "sandbox_config",
     "sandbox_labels",
     "sandbox_resources",
@@ -422,3 +424,23 @@ def burstable_pod(name: str) -> PodSpec:
         name="app", cpu_request=250, cpu_limit=500, memory_request=32 * mib, memory_limit=64 * mib
     )
     return PodSpec(name=name, containers=[app])
+
+
+# -- UpdateContainerResources ----------------------------------------------------------------
+
+
+def cpu_manager_update(cpus: str) -> api_pb2.LinuxContainerResources:
+    """What kubelet's static CPU manager sends, at its reconcile and whenever the shared pool
+    changes: the cpuset and nothing else (``updateContainerCPUSet`` in
+    pkg/kubelet/cm/cpumanager/cpu_manager_others.go, v1.37.2); every other field reads 0."""
+    return api_pb2.LinuxContainerResources(cpuset_cpus=cpus)
+
+
+def resize_update(
+    spec: PodSpec, container: ContainerSpec, *, node_memory: int, no_swap: bool = True
+) -> api_pb2.LinuxContainerResources:
+    """What kubelet sends for an in-place resize to ``container``'s resources (``spec``, the
+    pod as resized; a resize never changes its QoS class): the container's whole resources
+    as at creation, oom_score_adj recomputed (kuberuntime ``updateContainerResources`` →
+    ``generateLinuxContainerResources``, v1.37.2)."""
+    return linux_resources(container, qos_class(spec), node_memory, no_swap=no_swap)

@@ -37,7 +37,7 @@ from crihook.hooks.spec import (
 from crihook.hooks.spec.views import (
     container_view_from_config,
     pod_view_from_config,
-    resources_view,
+    resources_updated,
 )
 from crihook.proxy.merge import apply_change
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
@@ -109,13 +109,22 @@ def besteffort(name: str) -> ContainerSpec:
 
 
 class FakeRuntime:
-    """RuntimeQueries answering from `states` (pod id → container id → state); records every
-    question."""
+    """RuntimeQueries answering from `states` (pod id → container id → state) and `scores`
+    (container id → the oom_score_adj it was created with); records every question."""
 
     def __init__(self) -> None:
         self.states: dict[str, dict[str, ContainerState]] = {}
         self.asked: list[str] = []
         self.netns: dict[str, str] = {}
+        self.oom_floor: int | None = None
+        """containerd's own score with restrict_oom_score_adj: lower ones are raised to it."""
+        self.scores: dict[str, int] = {}
+        self.asked_scores: list[str] = []
+
+    def create(self, container_id: str, oom_score_adj: int) -> None:
+        """A container is created with the score asked for, as containerd applies it."""
+        floor = self.oom_floor
+        self.scores[container_id] = oom_score_adj if floor is None else max(oom_score_adj, floor)
 
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         self.asked.append(pod_id)
@@ -123,6 +132,10 @@ class FakeRuntime:
 
     async def sandbox_netns(self, pod_id: str) -> str | None:
         return self.netns.get(pod_id)
+
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        self.asked_scores.append(container_id)
+        return self.scores.get(container_id)
 
 
 class FakeHost:
@@ -134,12 +147,16 @@ class FakeHost:
         self.looked_up: list[tuple[str, str]] = []
         self.writes: list[tuple[int, int]] = []
         self.unlimited: list[str] = []
+        self.refuse: OSError | None = None
+        """Raised by every score write (the kernel refusing it), when set."""
 
     def container_pids(self, cgroup_parent: str, container_id: str) -> list[int]:
         self.looked_up.append((cgroup_parent, container_id))
         return list(self.pids.get(container_id, []))
 
     def write_oom_score_adj(self, pid: int, score: int) -> None:
+        if self.refuse is not None:
+            raise self.refuse
         self.writes.append((pid, score))
         self.scores[pid] = score
 
@@ -401,6 +418,7 @@ class Node:
         """The runtime created it: the pre stage's updates go out, then the post stage."""
         if created.pre is not None:
             self._apply_updates(created.pre.updates)
+        self.runtime.create(cid, created.request.config.linux.resources.oom_score_adj)
         response = api_pb2.CreateContainerResponse(container_id=cid)
         created.post = await self.stage(
             Event.CREATE_CONTAINER, Stage.POST, pod, created.view, created.request, response
@@ -486,8 +504,9 @@ class Node:
                 apply_change(event, request, key, value)
         response = api_pb2.UpdateContainerResourcesResponse()
         post = await self.stage(event, Stage.POST, pod, view, request, response)
+        # What crihook's store keeps: the update applied as containerd applies it.
         self.containers[cid] = replace(
-            view, resources=resources_view(request.linux, view.resources.qos_class)
+            view, resources=resources_updated(view.resources, request.linux)
         )
         if pre is not None:
             self._apply_updates(pre.updates)

@@ -84,6 +84,9 @@ class _Runtime:
     async def sandbox_netns(self, pod_id: str) -> str | None:
         return self.netns.get(pod_id)
 
+    async def oom_score_adj(self, container_id: str) -> int | None:
+        return None
+
     async def all_container_states(self) -> dict[str, ContainerState]:
         return {}
 

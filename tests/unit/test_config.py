@@ -183,6 +183,7 @@ VALID_TOP = [
         "runtime.startup_wait_max_seconds",
         1.0,
     ),
+    ("reconcile_seconds", {"reconcile_seconds": 0.5}, "runtime.reconcile_seconds", 0.5),
     (
         "max_message_bytes",
         {"max_message_bytes": 32 * 1024 * 1024},
@@ -275,6 +276,7 @@ INVALID_TOP = [
         {"runtime_startup_wait_max_seconds": 0},
         "runtime_startup_wait_max_seconds",
     ),
+    ("reconcile_seconds-zero", {"reconcile_seconds": 0}, "reconcile_seconds"),
     ("max_message_bytes-float", {"max_message_bytes": 1e7}, "max_message_bytes"),
     ("max_message_bytes-string", {"max_message_bytes": "16MiB"}, "max_message_bytes"),
     ("max_message_bytes-tiny", {"max_message_bytes": 16}, "max_message_bytes"),

@@ -170,6 +170,25 @@ def test_a_hooks_own_failures_are_exported_by_what(tmp_path: Path) -> None:
     assert metrics.sources.chain.status()[0]["failures"] == {"pod_cgroup": 2, "other": 0}
 
 
+def test_each_hooks_timeout_and_the_stores_health_are_exported(tmp_path: Path) -> None:
+    """What the alerts compare with: a hook's timeout (its p99 over half of it), and the
+    store's writes failing."""
+    metrics = _metrics(tmp_path)
+    entry = Chain.entry(
+        LocalHook("30-koord", _FailingBeside()), HookSettings(name="30-koord", timeout_ms=250)
+    )
+    metrics.sources.chain.set_builtin([entry])
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    assert value(samples, "crihook_hook_timeout_seconds", hook="30-koord") == 0.25
+    assert value(samples, "crihook_store_degraded") == 0
+    assert value(samples, "crihook_store_write_failures_total") == 0
+    store = metrics.sources.store
+    store.degraded, store.write_failures = "disk full", 3
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    assert value(samples, "crihook_store_degraded") == 1
+    assert value(samples, "crihook_store_write_failures_total") == 3
+
+
 class _Families:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics

@@ -7,6 +7,7 @@ pages, so 5 GiB of regular memory each, less the default 100Mi reserved on node 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -25,11 +26,13 @@ from crihook.hooks.spec import (
     ContainerKind,
     ContainerState,
     ContainerView,
+    Event,
     Field,
     PodView,
     QoSClass,
     Reject,
     ResourcesView,
+    Stage,
     TopologyHint,
 )
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
@@ -592,3 +595,130 @@ async def test_a_memory_resize_of_a_placed_container_is_refused_and_a_revert_pas
     same = api_pb2.LinuxContainerResources(cpu_shares=2048, memory_limit_in_bytes=2 * GIB)
     pre, _, _ = await node.update("c1", same)
     assert pre is not None  # the sticky cpuset.mems
+
+
+# --- in-place memory resize (resize_exclusive_memory, kubelet's alpha gate) ---------------------
+
+RESIZE = {"resize_exclusive_memory": True}
+
+
+def resized(memory: int) -> api_pb2.LinuxContainerResources:
+    """kubelet's UpdateContainerResources for a resize of a 2-CPU Guaranteed container."""
+    return api_pb2.LinuxContainerResources(
+        cpu_shares=2048, cpu_quota=200_000, cpu_period=100_000, memory_limit_in_bytes=memory
+    )
+
+
+async def placed(node: Node, memory: int = 2 * GIB) -> PodView:
+    g = await pod(node, "g", guaranteed("app", 2000, memory))
+    await node.create(g, guaranteed("app", 2000, memory), "c1", cpuset="4-5")  # on node 1
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, memory)]}}
+    return g
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_resize_exclusive_memory_is_a_boolean(value: object) -> None:
+    with pytest.raises(ValueError, match="numa: resize_exclusive_memory must be true or false"):
+        NumaHook({"resize_exclusive_memory": value})
+
+
+async def test_by_default_a_resize_is_refused_naming_the_setting_and_partial_updates_pass() -> None:
+    node = await start()
+    await placed(node)
+    with pytest.raises(Reject) as info:
+        await node.update("c1", resized(3 * GIB))
+    assert "resize_exclusive_memory = true" in info.value.reason
+    # kubelet's static CPU manager and crictl send no memory limit (0): no resize.
+    for partial in (
+        api_pb2.LinuxContainerResources(cpuset_cpus="4-5"),
+        api_pb2.LinuxContainerResources(cpu_shares=4),
+    ):
+        _, _, request = await node.update("c1", partial)
+        assert request.linux.cpuset_mems == "1"
+        assert request.linux.memory_limit_in_bytes == 0
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, 2 * GIB)]}}
+    assert node.containers["c1"].resources.memory_limit_bytes == 2 * GIB
+
+
+async def test_memory_grows_within_its_numa_node_and_is_held_from_the_pre_stage() -> None:
+    node = await start(RESIZE)
+    await placed(node)
+    _, _, request = await node.update("c1", resized(3 * GIB))
+    assert request.linux.cpuset_mems == "1"  # where it was
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, 3 * GIB)]}}
+    assert free(node, 1) == ALLOCATABLE[1] - 3 * GIB
+    assert free(node, 0) == ALLOCATABLE[0]
+    assert node.state.get("resizing") is None
+    # It shrinks back in place.
+    await node.update("c1", resized(GIB))
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, GIB)]}}
+    assert free(node, 1) == ALLOCATABLE[1] - GIB
+
+
+async def test_a_growth_past_its_numa_nodes_is_refused_and_changes_nothing() -> None:
+    node = await start(RESIZE)
+    await placed(node)
+    before = node.state.get("memory")
+    with pytest.raises(Reject) as info:
+        await node.update("c1", resized(6 * GIB))
+    reason = info.value.reason
+    assert "resize of container 'app' to 6442450944 bytes of memory is infeasible" in reason
+    assert f"NUMA node(s) 1 it holds ({ALLOCATABLE[1] - 2 * GIB} bytes free there)" in reason
+    assert node.state.get("memory") == before
+    assert node.state.get("resizing") is None
+    # The memory node 0 has free is not taken instead.
+    assert free(node, 0) == ALLOCATABLE[0]
+
+
+async def test_a_growth_the_runtime_does_not_apply_is_given_back() -> None:
+    node = await start(RESIZE)
+    await placed(node)
+    await node.fail_update("c1", resized(3 * GIB))
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, 2 * GIB)]}}
+    assert free(node, 1) == ALLOCATABLE[1] - 2 * GIB
+    assert node.state.get("resizing") is None
+
+
+async def test_a_shrink_gives_memory_back_only_once_the_runtime_applied_it() -> None:
+    node = await start(RESIZE)
+    g = await placed(node)
+    view = node.containers["c1"]
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="c1", linux=resized(GIB))
+    event = Event.UPDATE_CONTAINER_RESOURCES
+    await node.stage(event, Stage.PRE, g, view, request)
+    # Not given back yet: another container must not take what the runtime may keep.
+    assert free(node, 1) == ALLOCATABLE[1] - 2 * GIB
+    assert node.state.get("resizing") == {"c1": {"from": 2 * GIB, "to": GIB}}
+    await node.stage(event, Stage.FAILED, g, view, request, failure="runtime said no")
+    assert free(node, 1) == ALLOCATABLE[1] - 2 * GIB
+    assert blocks(node) == {"g": {"app": [((1,), MEMORY, 2 * GIB)]}}
+
+
+RESIZE_OUTCOMES = [
+    pytest.param(3 * GIB, 3 * GIB, 3 * GIB, id="growth-applied-stays-held"),
+    pytest.param(3 * GIB, 2 * GIB, 2 * GIB, id="growth-not-applied-given-back"),
+    pytest.param(GIB, GIB, GIB, id="shrink-applied-given-back"),
+    pytest.param(GIB, 2 * GIB, 2 * GIB, id="shrink-not-applied-stays"),
+]
+
+
+@pytest.mark.parametrize(("to", "runs_with", "held"), RESIZE_OUTCOMES)
+async def test_a_resize_whose_answer_was_not_seen_is_settled_at_synchronize(
+    to: int, runs_with: int, held: int
+) -> None:
+    """The runtime went away mid-call (or crihook did): at the next synchronize the limit the
+    container runs with says whether the runtime applied it."""
+    node = await start(RESIZE)
+    g = await placed(node)
+    view = node.containers["c1"]
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="c1", linux=resized(to))
+    await node.stage(Event.UPDATE_CONTAINER_RESOURCES, Stage.PRE, g, view, request)
+    res = dataclasses.replace(view.resources, memory_limit_bytes=runs_with)
+    node.containers["c1"] = dataclasses.replace(view, resources=res)
+    restarted = Node(NumaHook(RESIZE), TOPO, state=node.state)
+    restarted.pods, restarted.specs = node.pods, node.specs
+    restarted.containers, restarted.states = node.containers, node.states
+    await restarted.sync("reconcile")
+    assert blocks(restarted) == {"g": {"app": [((1,), MEMORY, held)]}}
+    assert free(restarted, 1) == ALLOCATABLE[1] - held
+    assert restarted.state.get("resizing") is None

@@ -35,6 +35,7 @@ from crihook.hooks.numa import (
     memory_hints,
     pod_memory_requests,
     release,
+    resize,
 )
 from crihook.hooks.spec.hints import TopologyHint
 
@@ -658,3 +659,103 @@ def test_pod_memory_requests(
     want: dict[str, int],
 ) -> None:
     assert pod_memory_requests(containers, inits) == want
+
+
+# --- resize (crihook's: kubelet's Static policy does not resize) ----------------------------
+
+TWO_NODES_GROUPED = {
+    0: ns((0, 1), 1, memory=t(1536, 0, 1536, 512, 2048), hp1g=HP_FREE),
+    1: ns((0, 1), 1, memory=t(1536, 1024, 512, 512, 2048), hp1g=HP_FREE),
+}
+ON_BOTH: Assignments = {"pod1": {"container1": [b((0, 1), MEMORY, 2 * GB)]}}
+
+RESIZE = [
+    pytest.param(
+        {0: ns((0,), 2, memory=MEM_USED_1G, hp1g=HP_USED)},
+        {"pod1": {"container1": [b((0,), MEMORY, GB), b((0,), HP1G, GB)]}},
+        1536 * MB,
+        [b((0,), MEMORY, 1536 * MB), b((0,), HP1G, GB)],
+        {0: ns((0,), 2, memory=t(1536, 0, 1536, 512, 2048), hp1g=HP_USED)},
+        id="grows-into-the-free-memory-of-its-node-hugepages-untouched",
+    ),
+    pytest.param(
+        {0: ns((0,), 1, memory=MEM_USED_1G, hp1g=HP_FREE)},
+        {"pod1": {"container1": [b((0,), MEMORY, GB)]}},
+        256 * MB,
+        [b((0,), MEMORY, 256 * MB)],
+        {0: ns((0,), 1, memory=t(1536, 1280, 256, 512, 2048), hp1g=HP_FREE)},
+        id="shrinks-giving-back-to-its-node",
+    ),
+    pytest.param(
+        TWO_NODES_GROUPED,
+        ON_BOTH,
+        3 * GB,
+        [b((0, 1), MEMORY, 3 * GB)],
+        {
+            0: ns((0, 1), 1, memory=t(1536, 0, 1536, 512, 2048), hp1g=HP_FREE),
+            1: ns((0, 1), 1, memory=t(1536, 0, 1536, 512, 2048), hp1g=HP_FREE),
+        },
+        id="grows-over-the-group-of-nodes-it-holds",
+    ),
+    pytest.param(
+        TWO_NODES_GROUPED,
+        ON_BOTH,
+        2 * GB,
+        [b((0, 1), MEMORY, 2 * GB)],
+        TWO_NODES_GROUPED,
+        id="same-size-changes-nothing",
+    ),
+]
+
+
+@pytest.mark.parametrize(("nodes", "assignments", "size", "want_blocks", "want_nodes"), RESIZE)
+def test_resize(
+    nodes: dict[int, NodeState],
+    assignments: Assignments,
+    size: int,
+    want_blocks: list[Block],
+    want_nodes: dict[int, NodeState],
+) -> None:
+    state = state_of(nodes, assignments)
+    old = assignments["pod1"]["container1"][0].size
+    assert resize(state, ref("pod1", "container1"), size) == old
+    assert state.blocks(ref("pod1", "container1")) == want_blocks
+    assert state.nodes == want_nodes
+
+
+RESIZE_ERRORS = [
+    pytest.param(
+        {0: ns((0,), 1, memory=MEM_USED_1G), 1: ns((1,), 0, memory=MEM_FREE)},
+        {"pod1": {"container1": [b((0,), MEMORY, GB)]}},
+        2 * GB,
+        f"{GB} more bytes of memory do not fit on NUMA node(s) 0 it holds ({512 * MB} bytes "
+        "free there)",
+        id="growth-past-its-node-is-not-placed-elsewhere",
+    ),
+    pytest.param(
+        {0: ns((0,), 0, memory=MEM_FREE)},
+        {},
+        GB,
+        "the container has no memory placed on NUMA nodes",
+        id="no-blocks",
+    ),
+    pytest.param(
+        {0: ns((0,), 1, hp1g=HP_USED, memory=MEM_FREE)},
+        {"pod1": {"container1": [b((0,), HP1G, GB)]}},
+        GB,
+        "the container has no memory placed on NUMA nodes",
+        id="hugepages-only",
+    ),
+]
+
+
+@pytest.mark.parametrize(("nodes", "assignments", "size", "message"), RESIZE_ERRORS)
+def test_resize_errors_change_nothing(
+    nodes: dict[int, NodeState], assignments: Assignments, size: int, message: str
+) -> None:
+    state = state_of(nodes, assignments)
+    with pytest.raises(MemoryAllocationError) as info:
+        resize(state, ref("pod1", "container1"), size)
+    assert str(info.value) == message
+    assert state.nodes == nodes
+    assert state.assignments == assignments

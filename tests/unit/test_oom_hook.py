@@ -1,10 +1,12 @@
 """The oom hook in-process: kubelet's oom_score_adj kept, or the score the policy chooses,
 sticky across UpdateContainerResources, written to the processes of a running container when
-kubelet's own value changes (containerd ignores it on update). Scores are positive: this
-machine cannot set negative ones, and the tests must mean the same everywhere."""
+kubelet's own value changes (containerd ignores it on update), and recorded as the runtime
+applied it (containerd's restrict_oom_score_adj raises a score below its own). The runtime
+is faked here (`FakeRuntime.oom_floor`); tests/integration has the real one."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,10 +14,23 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.oom import hook as oom_hook
 from crihook.hooks.oom.hook import OomHook, OomOptions, chosen_score, parse_options
-from crihook.hooks.oom.policy import ScoreRange, ScoreRanges
+from crihook.hooks.oom.policy import ScoreClamp, ScoreRange, ScoreRanges
 from crihook.hooks.spec import Event, Field, InvalidRequest, PodView, QoSClass, Stage
+from crihook.proxy import observe
+from crihook.proxy.observe import ObservedQueries
+from crihook.proxy.replay_seams import RecordedNode
+from crihook.proxy.store import Store
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
-from tests.unit.hook_harness import GIB, NODE_MEMORY, SMALL, Node, burstable, topology_of
+from tests.unit.hook_harness import (
+    GIB,
+    NODE_MEMORY,
+    SMALL,
+    Node,
+    besteffort,
+    burstable,
+    guaranteed,
+    topology_of,
+)
 
 TOPO = topology_of(SMALL)
 ANNOTATION = "oom.crihook.io/score-adj"
@@ -23,8 +38,11 @@ ANNOTATION = "oom.crihook.io/score-adj"
 KUBELET_BURSTABLE = 1000 - (1000 * 256 * (1 << 20)) // NODE_MEMORY
 
 
-async def start(options: dict[str, Any] | None = None) -> Node:
+async def start(options: dict[str, Any] | None = None, floor: int | None = None) -> Node:
+    """The hook on a node whose runtime raises scores below `floor` to it (containerd with
+    restrict_oom_score_adj and its own score), or applies them as asked (None)."""
     node = Node(OomHook(options or {}), TOPO)
+    node.runtime.oom_floor = floor
     await node.sync()
     return node
 
@@ -176,8 +194,13 @@ async def test_create_container_gets_the_chosen_score_or_kubelets() -> None:
     chosen = await pod(node, "b", burstable("app"), namespace="batch", score="800")
     created = await node.create(chosen, burstable("app"), "c2")
     assert score_of(created.pre) == 800
-    assert node.state.get("c:c1") == {"pod": "k", "score": KUBELET_BURSTABLE, "sticky": False}
-    assert node.state.get("c:c2") == {"pod": "b", "score": 800, "sticky": True}
+    assert node.state.get("c:c1") == {
+        "pod": "k",
+        "asked": KUBELET_BURSTABLE,
+        "score": KUBELET_BURSTABLE,
+        "sticky": False,
+    }
+    assert node.state.get("c:c2") == {"pod": "b", "asked": 800, "score": 800, "sticky": True}
 
 
 async def test_create_container_with_a_bad_annotation_is_refused_and_records_nothing() -> None:
@@ -186,6 +209,56 @@ async def test_create_container_with_a_bad_annotation_is_refused_and_records_not
     with pytest.raises(InvalidRequest, match=ANNOTATION):
         await node.begin_create(p, burstable("app"))
     assert list(node.state.items()) == []
+
+
+# --- what the runtime applied ---------------------------------------------------------------------
+
+Learnt = tuple[int, int | None]
+
+CLAMPS = [
+    pytest.param([], [(1000, None), (-997, None)], id="nothing-known"),
+    pytest.param([(1000, 1000)], [(1000, 1000), (999, None), (-997, None)], id="as-asked-above"),
+    pytest.param(
+        [(1000, 1000), (-997, 0)], [(-997, 0), (-1000, 0), (3, 3), (0, 0)], id="raised-to-floor"
+    ),
+    pytest.param([(-997, -997)], [(-997, -997), (500, 500), (-998, None)], id="no-floor-above"),
+    pytest.param([(500, None)], [(-997, -997), (1000, 1000)], id="runtime-silent"),
+    pytest.param([(5, 4)], [(5, None), (1000, None)], id="lowered-teaches-nothing"),
+]
+
+
+@pytest.mark.parametrize(("learnt", "expected"), CLAMPS)
+def test_score_clamp_predicts_only_what_the_runtime_said(
+    learnt: list[Learnt], expected: list[Learnt]
+) -> None:
+    clamp = ScoreClamp()
+    for asked, applied in learnt:
+        clamp.learn(asked, applied)
+    assert [(asked, clamp.applied(asked)) for asked, _ in expected] == expected
+
+
+async def test_the_score_the_runtime_applied_is_recorded_and_its_clamp_asked_once() -> None:
+    """containerd with restrict_oom_score_adj (this VM lacks CAP_SYS_RESOURCE) raises a
+    Guaranteed container's -997 to its own 0: the state records 0, what its processes have,
+    beside what kubelet asked for. The runtime is asked until the clamp is known."""
+    node = await start(floor=0)
+    first = await pod(node, "g1", guaranteed("app", 1000))
+    await node.create(first, guaranteed("app", 1000), "c1")
+    assert node.state.get("c:c1") == {"pod": "g1", "asked": -997, "score": 0, "sticky": False}
+    second = await pod(node, "g2", guaranteed("app", 1000))
+    await node.create(second, guaranteed("app", 1000), "c2")
+    spare = await pod(node, "b", besteffort("app"))
+    await node.create(spare, besteffort("app"), "c3")
+    assert node.state.get("c:c2") == {"pod": "g2", "asked": -997, "score": 0, "sticky": False}
+    assert node.state.get("c:c3") == {"pod": "b", "asked": 1000, "score": 1000, "sticky": False}
+    assert node.runtime.asked_scores == ["c1"]  # the floor is known from the first answer
+
+
+async def test_without_a_clamp_the_score_is_recorded_as_asked() -> None:
+    node = await start(floor=None)
+    p = await pod(node, "g", guaranteed("app", 1000))
+    await node.create(p, guaranteed("app", 1000), "c1")
+    assert node.state.get("c:c1")["score"] == -997
 
 
 # --- UpdateContainerResources ---------------------------------------------------------------------
@@ -231,6 +304,75 @@ async def test_a_new_kubelet_score_is_written_to_every_process_of_the_container(
     node.host.pids["c2"] = [50]
     await node.update("c2", kubelet_update(KUBELET_BURSTABLE))
     assert node.host.writes == []
+
+
+PARTIAL_UPDATES = [
+    pytest.param(api_pb2.LinuxContainerResources(cpuset_cpus="0-3"), id="static-cpu-manager"),
+    pytest.param(api_pb2.LinuxContainerResources(cpu_shares=4), id="crictl-update-cpu-share"),
+    pytest.param(
+        api_pb2.LinuxContainerResources(memory_limit_in_bytes=GIB), id="crictl-update-memory"
+    ),
+]
+
+
+@pytest.mark.parametrize("linux", PARTIAL_UPDATES)
+async def test_a_partial_update_leaves_the_score_as_it_is(
+    linux: api_pb2.LinuxContainerResources,
+) -> None:
+    """kubelet's static CPU manager sends only a cpuset (`updateContainerCPUSet`), crictl
+    update only the flags given: their oom_score_adj reads 0, which is "unset" (containerd
+    reads every number of an update so, and ignores the score on update anyway). A
+    BestEffort container keeps 1000, in its processes and in the state."""
+    node = await start()
+    p = await pod(node, "be", besteffort("app"))
+    await node.create(p, besteffort("app"), "c1")
+    node.host.pids["c1"] = [41]
+    node.host.scores[41] = 1000
+    pre, post, request = await node.update("c1", linux)
+    assert (pre, post) == (None, None)
+    assert request.linux.oom_score_adj == 0  # forwarded as kubelet sent it
+    assert node.host.writes == []
+    assert node.state.get("c:c1") == {"pod": "be", "asked": 1000, "score": 1000, "sticky": False}
+    assert node.containers["c1"].resources.oom_score_adj == 1000  # what crihook's store keeps
+
+
+async def test_kubelets_resize_resending_a_clamped_score_changes_nothing() -> None:
+    """A resize of a Guaranteed container: kubelet sends its whole resources again, -997
+    among them. The container runs with 0 (containerd raised it): -997 is what it was asked
+    for, not a new score, so nothing is written."""
+    node = await start(floor=0)
+    p = await pod(node, "g", guaranteed("app", 1000))
+    await node.create(p, guaranteed("app", 1000), "c1")
+    node.host.pids["c1"] = [41]
+    resized = kubelet_update(-997)
+    resized.memory_limit_in_bytes = 2 * GIB
+    await node.update("c1", resized)
+    assert node.host.writes == []
+    assert node.state.get("c:c1") == {"pod": "g", "asked": -997, "score": 0, "sticky": False}
+
+
+async def test_a_new_score_below_the_runtimes_floor_is_written_as_the_runtime_applies_it() -> None:
+    node = await start(floor=0)
+    g = await pod(node, "g", guaranteed("app", 1000))
+    await node.create(g, guaranteed("app", 1000), "c0")  # the floor is learnt: 0
+    p = await pod(node, "k", burstable("app"))
+    await node.create(p, burstable("app"), "c1")
+    node.host.pids["c1"] = [41]
+    await node.update("c1", kubelet_update(-500))
+    assert node.host.writes == [(41, 0)]
+    assert node.state.get("c:c1") == {"pod": "k", "asked": -500, "score": 0, "sticky": False}
+
+
+async def test_a_score_the_kernel_refuses_is_not_recorded() -> None:
+    node = await start()
+    p = await pod(node, "k", burstable("app"))
+    await node.create(p, burstable("app"), "c1")
+    node.host.pids["c1"] = [41]
+    refuse = PermissionError(13, "cannot write -500 to /proc/41/oom_score_adj: Permission denied")
+    node.host.refuse = refuse
+    await node.update("c1", kubelet_update(-500))
+    assert node.state.get("c:c1")["score"] == KUBELET_BURSTABLE
+    assert node.state.get("c:c1")["asked"] == KUBELET_BURSTABLE
 
 
 async def test_an_update_without_linux_resources_writes_nothing() -> None:
@@ -314,3 +456,29 @@ async def test_synchronize_adopts_containers_it_did_not_see_created() -> None:
 
 def test_the_hook_module_exports() -> None:
     assert set(oom_hook.__all__) == {"OomHook", "OomOptions", "chosen_score", "parse_options"}
+
+
+# --- the runtime's answer in recordings and replays --------------------------------------------
+
+
+async def test_the_runtimes_answer_is_noted_for_a_recording_and_answered_by_a_replay(
+    tmp_path: Path,
+) -> None:
+    node = await start(floor=0)
+    node.runtime.scores["c1"] = 0
+    observed, token = observe.begin()
+    try:
+        assert await ObservedQueries(node.runtime).oom_score_adj("c1") == 0
+        assert await ObservedQueries(node.runtime).oom_score_adj("c9") is None
+    finally:
+        observe.end(token)
+    assert [(o.seam, o.op, o.args, o.result) for o in observed] == [
+        ("runtime", "oom_score_adj", ["c1"], 0),
+        ("runtime", "oom_score_adj", ["c9"], None),
+    ]
+    replayed = RecordedNode(Store(tmp_path))
+    replayed.begin([o._asdict() for o in observed])
+    assert await replayed.oom_score_adj("c1") == 0
+    assert await replayed.oom_score_adj("c9") is None
+    assert await replayed.oom_score_adj("c2") is None  # not recorded: the runtime does not say
+    assert replayed.missing == ["runtime.oom_score_adj('c2',)"]

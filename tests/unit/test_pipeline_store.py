@@ -101,6 +101,44 @@ async def test_the_stored_view_is_the_view_of_what_the_runtime_got(
     assert (record.view.resources.cpuset_cpus == "2-3") is ("resources" in hooks or "all" in hooks)
 
 
+PARTIAL_UPDATES = [
+    pytest.param(api_pb2.LinuxContainerResources(cpuset_cpus="1"), "1", id="static-cpu-manager"),
+    pytest.param(api_pb2.LinuxContainerResources(cpu_shares=4), "", id="crictl-update-cpu-share"),
+]
+
+
+@pytest.mark.parametrize(("linux", "cpuset"), PARTIAL_UPDATES)
+async def test_a_partial_update_changes_in_the_record_only_what_it_carries(
+    tmp_path: Path, linux: api_pb2.LinuxContainerResources, cpuset: str
+) -> None:
+    """kubelet's static CPU manager sends only a cpuset, crictl update only its flags: the
+    rest reads 0, which containerd leaves as it was. So must the store, or a restart finds
+    every such container running "with other resources than recorded" (and hooks read a
+    Guaranteed container as one without memory)."""
+    store = Store(tmp_path)
+    readiness = Readiness()
+    readiness.set(True)
+    pipeline = Pipeline(StubRuntime(), Chain(ChainSettings(), store.hook_state), store, readiness)
+    created = create_request()
+    await pipeline.handle(Event.CREATE_CONTAINER, created.SerializeToString())
+    record = store.container(CONTAINER_ID)
+    assert record is not None
+    before = record.view.resources
+    assert before.memory_limit_bytes and before.cpu_shares and before.oom_score_adj
+
+    update = api_pb2.UpdateContainerResourcesRequest(container_id=CONTAINER_ID, linux=linux)
+    outcome = await pipeline.handle(Event.UPDATE_CONTAINER_RESOURCES, update.SerializeToString())
+
+    assert outcome.status is None
+    after = store.container(CONTAINER_ID)
+    assert after is not None
+    assert after.view.resources.memory_limit_bytes == before.memory_limit_bytes
+    assert after.view.resources.oom_score_adj == before.oom_score_adj
+    assert after.view.resources.cpu_quota == before.cpu_quota
+    assert after.view.resources.cpu_shares == (linux.cpu_shares or before.cpu_shares)
+    assert after.view.resources.cpuset_cpus == cpuset
+
+
 # --- the network namespace of a sandbox ------------------------------------------------------
 
 _SPEC = {

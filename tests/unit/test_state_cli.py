@@ -97,3 +97,38 @@ def test_the_recording_is_shown(recording: dict[str, object] | None, expected: s
     doc = {"status": status(recording=recording), "pods": {}, "containers": {}, "hook_states": {}}
     shown = [line for line in render_state(doc).splitlines() if "recording" in line]
     assert shown == ([] if expected is None else [expected])
+
+
+def _container(name: str, state: str, attempt: int, kind: str) -> dict[str, object]:
+    view = {"id": f"{name}-0123456789abcdef", "pod_id": "sb1", "name": name, "attempt": attempt}
+    return {"view": {**view, "kind": kind}, "audit": {}, "state": state}
+
+
+def test_a_container_shows_what_kubelet_said_of_it_and_no_kind_it_did_not() -> None:
+    """kubelet's CreateContainer names the container and its attempt (its restart count);
+    nothing in it says init container or app container, so `kind=unknown` was printed for
+    every one. The kind is shown where a pod annotation gives it, never as unknown."""
+    pod = {
+        "view": {
+            "id": "sb1",
+            "name": "web",
+            "namespace": "shop",
+            "qos_class": "Burstable",
+            "cgroup_parent": "/kubepods/burstable/poduid",
+        },
+        "audit": {},
+    }
+    doc = {
+        "status": None,
+        "pods": {"sb1": pod},
+        "containers": {
+            "a": _container("app", "running", 2, "unknown"),
+            "b": _container("setup", "exited", 0, "init"),
+        },
+        "hook_states": {},
+    }
+    lines = render_state(doc).splitlines()
+    assert lines[-2:] == [
+        "  container app app-012345678 running attempt=2",
+        "  container setup setup-0123456 exited attempt=0 kind=init",
+    ]

@@ -994,6 +994,23 @@ async def test_reconcile_pod_raises_when_the_runtime_fails(
     await store.close()
 
 
+async def test_missing_from_names_what_the_runtime_no_longer_has_and_changes_nothing(
+    tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
+) -> None:
+    ScriptedRuntime(fake_runtime)
+    store = loaded(tmp_path)
+    for sandbox_id in ("sb-a", "sb-gone"):
+        store.put_pod(pod(sandbox_id))
+    for container_id, sandbox_id in (("c-a1", "sb-a"), ("c-a9", "sb-a"), ("c-g1", "sb-gone")):
+        store.put_container(container(container_id, sandbox_id))
+    try:
+        assert await store.missing_from(runtime_client) == (["sb-gone"], ["c-a9", "c-g1"])
+        assert sorted(store.pods) == ["sb-a", "sb-gone"]
+        assert sorted(store.containers) == ["c-a1", "c-a9", "c-g1"]
+    finally:
+        await store.close()
+
+
 # --- the hook journal ------------------------------------------------------------------------
 
 

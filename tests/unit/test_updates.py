@@ -103,3 +103,18 @@ async def test_a_live_container_keeps_its_record_one_removed_meanwhile_does_not(
     # c2 is still there: its ordering record stays, so an older update cannot overwrite.
     assert list(updater._targets) == ["c2"]
     assert await updater.send([pending("c2", 0)], {}) == []
+
+
+async def test_an_update_keeps_in_the_record_what_it_does_not_carry(tmp_path: Path) -> None:
+    """The update carries the record's resources with the cpuset on top, but no hugepage
+    limits: containerd keeps those (it adds what an update names per page size), and so must
+    the record, or the numa hook reads the container as one without hugepages."""
+    runtime, store = Runtime(), Store(tmp_path)
+    store.put_pod(pod("p1"))
+    store.put_container(container("c1", "p1"))
+    updater = ContainerUpdater(runtime, store)
+    await updater.send([pending("c1", 1)], {})
+    record = store.container("c1")
+    assert record is not None
+    assert record.view.resources.cpuset_cpus == "0-3"
+    assert dict(record.view.resources.hugepage_limits) == {"2MB": 1 << 21}

@@ -22,6 +22,7 @@ from crihook.hooks.spec.views import (
     cpu_request_milli_from_shares,
     pod_view_from_config,
     qos_from_cgroup_parent,
+    resources_updated,
     resources_view,
 )
 
@@ -232,6 +233,72 @@ def test_resources_view_is_frozen_and_read_only() -> None:
         view.cpu_shares = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
         view.hugepage_limits["2MB"] = 2  # type: ignore[index]
+
+
+# --- an UpdateContainerResources applied as containerd applies it ---------------------------
+
+# A Guaranteed 2-CPU container with 1 GiB, pinned, as crihook's store records it at creation.
+CREATED = resources_view(
+    api_pb2.LinuxContainerResources(
+        cpu_shares=2048,
+        cpu_quota=-1,
+        cpu_period=100_000,
+        memory_limit_in_bytes=1024 * MiB,
+        oom_score_adj=-997,
+        cpuset_cpus="2-3",
+        cpuset_mems="0",
+        hugepage_limits=[
+            api_pb2.HugepageLimit(page_size="2MB", limit=0),
+            api_pb2.HugepageLimit(page_size="1GB", limit=0),
+        ],
+    ),
+    QoSClass.GUARANTEED,
+)
+
+UPDATES = [
+    pytest.param(
+        api_pb2.LinuxContainerResources(cpuset_cpus="1"),
+        dict(cpuset_cpus="1"),
+        id="static-cpu-manager-sends-only-a-cpuset",
+    ),
+    pytest.param(
+        api_pb2.LinuxContainerResources(cpu_shares=4),
+        dict(cpu_shares=4, cpu_request_milli=4, integer_cpus=None),
+        id="crictl-update-cpu-share",
+    ),
+    pytest.param(
+        api_pb2.LinuxContainerResources(
+            cpu_shares=3072,
+            cpu_period=100_000,
+            memory_limit_in_bytes=2048 * MiB,
+            oom_score_adj=-997,
+            hugepage_limits=[api_pb2.HugepageLimit(page_size="2MB", limit=4 * MiB)],
+        ),
+        dict(
+            cpu_shares=3072,
+            cpu_request_milli=3000,
+            integer_cpus=3,
+            memory_limit_bytes=2048 * MiB,
+            hugepage_limits=MappingProxyType({"2MB": 4 * MiB, "1GB": 0}),
+        ),
+        id="kubelets-resize-quota-0-kept-hugepages-per-size",
+    ),
+    pytest.param(
+        api_pb2.LinuxContainerResources(oom_score_adj=500, cpu_quota=150_000),
+        dict(cpu_quota=150_000, cpu_limit_milli=1500),
+        id="oom-score-adj-ignored",
+    ),
+    pytest.param(api_pb2.LinuxContainerResources(), {}, id="nothing-set-changes-nothing"),
+]
+
+
+@pytest.mark.parametrize(("linux", "changed"), UPDATES)
+def test_resources_updated_changes_only_what_containerd_changes(
+    linux: api_pb2.LinuxContainerResources, changed: dict[str, object]
+) -> None:
+    """containerd's WithResources (1.6 and 2.x): a 0 or "" leaves the field, hugepage limits
+    are added per page size, oom_score_adj is never read on update."""
+    assert resources_updated(CREATED, linux) == dataclasses.replace(CREATED, **changed)
 
 
 # --- pod and container views from real CRI messages ----------------------------------------
