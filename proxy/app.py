@@ -110,6 +110,7 @@ class App:
             self.readiness,
             placement,
             node_hugepage_sizes(self.node),
+            read_back=settings.runtime.read_back,
         )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
@@ -155,6 +156,7 @@ class App:
                     lambda: self.pipeline.updater.failures,
                     lambda: self.sync.failures,
                     lambda: {d.value: n for d, n in self.plugins.refusals.items()},
+                    lambda: self.pipeline.read_back.counts if self.pipeline.read_back else {},
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
@@ -474,6 +476,8 @@ class App:
                 except Exception:  # a bug: it ended early; the shutdown goes on
                     log.exception("task %s had failed", task.get_name())
             await self.sync.close()
+            if self.pipeline.read_back is not None:
+                await self.pipeline.read_back.close()
             await self.plugins.close()
             await self.chain.close()
             if self.recorder is not None:

@@ -351,18 +351,28 @@ async def _cgroup_driver(client: RuntimeClient, info: Mapping[str, str]) -> tupl
 
 
 def cgroup_driver_from_info(info: Mapping[str, str]) -> tuple[str | None, str]:
-    """The cgroup driver of containerd's default runtime, from Status's verbose `config`
-    (containerd 1.6 and 2.x): its runc option `SystemdCgroup`, else the 1.x plugin-wide
-    `systemdCgroup`, else runc's default (cgroupfs)."""
+    """The cgroup driver from Status's verbose `config`. CRI-O: its `CgroupManagerName`
+    (under `crio`). containerd (1.6 and 2.x): its default runtime's runc option
+    `SystemdCgroup`, else the 1.x plugin-wide `systemdCgroup`, else runc's default
+    (cgroupfs)."""
     raw = info.get("config")
     if raw is None:
         return None, "Status info has no config"
     try:
         config = json.loads(raw)
+    except ValueError:
+        return None, "Status info config does not parse"
+    crio = config.get("crio") if isinstance(config, dict) else None
+    if isinstance(crio, dict):
+        manager = crio.get("CgroupManagerName")
+        if manager in ("cgroupfs", "systemd"):
+            return manager, "Status info, CRI-O CgroupManagerName"
+        return None, "Status info config (CRI-O) names no cgroup manager"
+    try:
         containerd = config["containerd"]
         name = containerd["defaultRuntimeName"]
         runtime = containerd["runtimes"][name]
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None, "Status info config names no default runtime"
     options = runtime.get("options") or {}
     where = f"Status info, runtime {name!r}"

@@ -91,6 +91,10 @@ class RuntimeSettings:
     """A separate image service (kubelet's --image-service-endpoint); None: the runtime's."""
     startup_wait_max_seconds: float = 5.0
     """Cap of the backoff between probes while waiting for the runtime at start."""
+    read_back: bool = False
+    """After each CreateContainer a hook adjusted, read the container back (verbose
+    ContainerStatus) and report each field a hook set that the runtime made otherwise (an
+    NRI plugin after crihook, the runtime's own rules)."""
     reconcile_seconds: float = 10.0
     """How often the runtime is listed for pods and containers removed without crihook
     (kubelet's CPU manager reconciles every 10 s too)."""
@@ -294,6 +298,7 @@ def expand_hook_name(setting: str, name: object) -> str:
 
 _TOP_KEYS = {
     "listen",
+    "read_back",
     "runtime_endpoint",
     "image_endpoint",
     "socket_mode",
@@ -559,6 +564,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         runtime["startup_wait_max_seconds"] = _positive(
             "runtime_startup_wait_max_seconds", doc["runtime_startup_wait_max_seconds"]
         )
+    if "read_back" in doc:
+        runtime["read_back"] = _typed("read_back", doc["read_back"], bool, "true or false")
     if "reconcile_seconds" in doc:
         runtime["reconcile_seconds"] = _positive("reconcile_seconds", doc["reconcile_seconds"])
     if "state_dir" in doc:

@@ -36,6 +36,7 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
         "max_message_bytes": server.max_message_bytes,
         "data_path": server.data_path,
         "runtime_startup_wait_max_seconds": runtime.startup_wait_max_seconds,
+        "read_back": runtime.read_back,
         "reconcile_seconds": runtime.reconcile_seconds,
         "state_dir": str(settings.state_dir),
         "plugins_dir": str(chain.plugins_dir),

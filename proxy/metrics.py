@@ -36,6 +36,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -138,6 +139,8 @@ class Sources:
     synchronize_failures: Callable[[], int]
     refused_dropins: Callable[[], Mapping[str, int]] = dict
     """Plugin drop-ins (and directories) refused as untrusted, by reason (`Distrust`)."""
+    changed_after: Callable[[], Mapping[str, int]] = dict
+    """Fields hooks set that the runtime made otherwise (proxy.readback), by field."""
 
 
 class Metrics:
@@ -232,6 +235,7 @@ class Metrics:
             synchronize_failures=sources.synchronize_failures(),
             refused_dropins=dict(sources.refused_dropins()),
             ready=sources.readiness.ready,
+            changed_after=dict(sources.changed_after()),
         )
 
     def collect(self) -> list[Metric]:
@@ -273,6 +277,7 @@ class Snapshot:
     synchronize_failures: int
     ready: bool
     refused_dropins: dict[str, int]
+    changed_after: dict[str, int] = dataclass_field(default_factory=dict)
 
     def families(self) -> list[Metric]:
         return [*self._call_families(), *self._hook_families(), *self._node_families()]
@@ -400,6 +405,15 @@ class Snapshot:
             "Updates to other containers (UpdateContainerResources for hooks) that failed",
             value=self.update_failures,
         )
+        changed = CounterMetricFamily(
+            "crihook_fields_changed_after_crihook",
+            "Fields a hook set on a new container that the runtime made otherwise (an NRI "
+            "plugin or the runtime's own rules), by field; read back when read_back is on",
+            labels=("field",),
+        )
+        for name, count in sorted(self.changed_after.items()):
+            changed.add_metric((name,), count)
+        yield changed
         yield CounterMetricFamily(
             "crihook_synchronize_failures",
             "Hook synchronizes (start, reconcile) that failed",

@@ -43,6 +43,7 @@ from crihook.proxy.methods import INTERCEPTED, method_path
 from crihook.proxy.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.placement import Placement
+from crihook.proxy.readback import ReadBack
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.updates import ContainerUpdater
 from crihook.proxy.validate import check_request, check_resources, check_wire
@@ -179,7 +180,10 @@ class Pipeline:
         readiness: Readiness,
         placement: Placement | None = None,
         hugepage_sizes: Collection[str] = (),
+        read_back: bool = False,
     ) -> None:
+        """`read_back`: after each CreateContainer a hook adjusted, compare what the runtime
+        made with what the hooks set (proxy.readback), in the background."""
         self.runtime = runtime
         self.hugepage_sizes = frozenset(hugepage_sizes)
         """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
@@ -191,6 +195,7 @@ class Pipeline:
         self._locks = _PodLocks()
         self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
         self.updater = ContainerUpdater(runtime, store)
+        self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {
             m: runtime.call(method_path("RuntimeService", m))
             for m in ("StopPodSandbox", "RemovePodSandbox")
@@ -551,6 +556,8 @@ class Pipeline:
                 cdi_devices=Field.CDI_DEVICE in changed,
             )
             self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
+            if self.read_back is not None and merger is not None and merger.owners:
+                self.read_back.after_create(response.container_id, merger.owners, merger.values)
         elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
             record = call.container_record
             # As containerd applies it: what the update leaves unset stays as it was.

@@ -218,6 +218,11 @@ def _owners(audit: dict[str, Any], indent: str) -> list[str]:
             lines.append(
                 f"{indent}{field} = {json.dumps(a['value'])}  (set by {a['hook']} at {a['event']})"
             )
+            if "runtime_made_it" in a:  # proxy.readback: changed after crihook
+                lines.append(
+                    f"{indent}  CHANGED after crihook: the runtime made it "
+                    f"{json.dumps(a['runtime_made_it'])}"
+                )
     return lines
 
 

@@ -66,6 +66,7 @@ from crihook.hooks.spec.views import (
     qos_from_cgroup_parent,
     resources_view,
 )
+from crihook.proxy.crio_status import crio_config
 from crihook.proxy.errors import StateWriteError
 from crihook.proxy.methods import method_path
 from crihook.proxy.runtime_client import RuntimeClient
@@ -1009,13 +1010,14 @@ async def _call(runtime: RuntimeClient, name: str, request: Any, response_type: 
 
 
 def _verbose_config(info: Any, message: Any) -> Any | None:
-    """containerd's verbose status carries the original config as JSON under info["info"]."""
+    """containerd's verbose status carries the original config as JSON under info["info"];
+    CRI-O's carries only its OCI spec, from which crio_status rebuilds the config."""
     try:
         doc = json.loads(info.get("info", "{}")).get("config")
     except (ValueError, AttributeError):
         return None
     if not isinstance(doc, dict):
-        return None
+        return crio_config(info, message)
     doc.pop("envs", None)  # Go marshals env values as text, protobuf JSON expects base64
     try:
         return json_format.ParseDict(doc, message, ignore_unknown_fields=True)

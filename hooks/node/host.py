@@ -107,22 +107,36 @@ class LinuxHost:
         self.proc_root = proc_root
 
     def container_cgroup(self, cgroup_parent: str, container_id: str) -> str:
-        """The container's cgroup path relative to a hierarchy's root (driver from the parent)."""
+        """containerd's cgroup path for the container, relative to a hierarchy's root
+        (driver from the parent)."""
+        return self.container_cgroups(cgroup_parent, container_id)[0]
+
+    def container_cgroups(self, cgroup_parent: str, container_id: str) -> tuple[str, str]:
+        """Where the container's cgroup is, relative to a hierarchy's root: containerd's
+        name for it, then CRI-O's. cgroupfs: ``<parent>/<id>``, ``<parent>/crio-<id>``;
+        systemd: ``<slice>/cri-containerd-<id>.scope``, ``<slice>/crio-<id>.scope``.
+        (CRI-O's conmon lives beside it in ``crio-conmon-<id>``: never a candidate.)"""
         if not _CONTAINER_ID.fullmatch(container_id):
             raise ValueError(f"not a container id: {container_id!r}")
         parent = cgroup_parent.strip("/")
         if ".." in parent.split("/"):
             raise ValueError(f"cgroup parent climbs out of the cgroup root: {cgroup_parent!r}")
         if parent.endswith(".slice") and "/" not in parent:
-            return f"{expand_slice(parent)}/cri-containerd-{container_id}.scope".lstrip("/")
-        return f"{parent}/{container_id}".lstrip("/")
+            base = expand_slice(parent)
+            names = (f"cri-containerd-{container_id}.scope", f"crio-{container_id}.scope")
+        else:
+            base = parent
+            names = (container_id, f"crio-{container_id}")
+        first, second = (f"{base}/{name}".lstrip("/") for name in names)
+        return first, second
 
     def container_pids(self, cgroup_parent: str, container_id: str) -> list[int]:
-        relative = self.container_cgroup(cgroup_parent, container_id)
+        candidates = self.container_cgroups(cgroup_parent, container_id)
         for top in self._hierarchies():
-            cgroup = top / relative
-            if (cgroup / "cgroup.procs").is_file():
-                return self._pids_below(cgroup)
+            for relative in candidates:
+                cgroup = top / relative
+                if (cgroup / "cgroup.procs").is_file():
+                    return self._pids_below(cgroup)
         return []
 
     def write_oom_score_adj(self, pid: int, score: int) -> None:

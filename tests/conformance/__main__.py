@@ -19,7 +19,8 @@ from tests.conformance.report import (
 )
 from tests.conformance.runner import Options, run_conformance, summarize_run
 from tests.lab.containerd import LabError
-from tests.lab.peers import CONTAINERD_CHOICES, PeerError
+from tests.lab.containerd_versions import runtime_id
+from tests.lab.peers import RUNTIME_CHOICES, PeerError
 from tests.lab.registry import RegistryError
 from tests.lab.standins import StandInError
 
@@ -27,14 +28,16 @@ from tests.lab.standins import StandInError
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m tests.conformance",
-        description="critest against a lab containerd: directly, through crihook with no "
+        description="critest against a lab runtime: directly, through crihook with no "
         "hooks, and through crihook with an in-process hook chain; same seed each way.",
     )
     parser.add_argument(
         "--containerd",
-        choices=CONTAINERD_CHOICES,
+        "--runtime",
+        choices=RUNTIME_CHOICES,
         default="1.6",
-        help="Debian's containerd 1.6 (default) or 2.x built by tests.lab.peers",
+        help="Debian's containerd 1.6 (default), containerd 2.x or CRI-O (crio), both built "
+        "by tests.lab.peers",
     )
     parser.add_argument(
         "--parallel",
@@ -107,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("conformance: interrupted (everything it started was removed)", file=sys.stderr)
         return 130
     print(
-        f"# critest through crihook: containerd {options.containerd}, seed {options.seed}"
+        f"# critest through crihook: {runtime_id(options.containerd)}, seed {options.seed}"
         f"{f', parallel {options.parallel}' if options.parallel > 1 else ''}\n"
     )
     for name, run in result.runs.items():

@@ -1,12 +1,13 @@
-"""The test bed of one conformance run: the loopback registry, containerd, and crihook.
+"""The test bed of one conformance run: the loopback registry, the runtime, and crihook.
 
 :class:`ConformanceBed` starts the registry holding critest's stand-in images and a lab
-containerd (1.6 or 2.x) whose registry mirrors point at it and whose bridge the host can
-reach (critest fetches web pages from pod IPs). :meth:`ConformanceBed.endpoint` yields the
-CRI endpoint for one :class:`Way`: containerd's own socket, or a crihook started in front
-of it. :meth:`ConformanceBed.reset` puts containerd back as it was between runs. Leaving
-the ``with`` block removes everything: crihook, pods, containerd, mounts, cgroups, the
-bridge, the registry and the work directory.
+runtime (containerd 1.6 or 2.x, or CRI-O) whose registry mirrors point at it and whose
+bridge the host can reach (critest fetches web pages from pod IPs).
+:meth:`ConformanceBed.endpoint` yields the CRI endpoint for one :class:`Way`: the runtime's
+own socket, or a crihook started in front of it. :meth:`ConformanceBed.reset` puts the
+runtime back as it was between runs. Leaving the ``with`` block removes everything:
+crihook, pods, the runtime, mounts, cgroups, the bridge, the registry and the work
+directory.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import grpc
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab import peers
-from tests.lab.containerd import Containerd, LabError
 from tests.lab.crihook_proc import CrihookProcess
 from tests.lab.images import DEFAULT_CACHE_DIR, build_images
 from tests.lab.registry import Registry
+from tests.lab.runtime_lab import LabError, RuntimeLab
 from tests.lab.standins import build_catalog
 
 __all__ = ["EXTRA_WAYS", "WAYS", "ConformanceBed", "Way"]
@@ -48,9 +49,9 @@ class Way:
 
     def describe(self) -> str:
         if not self.via_crihook:
-            return "critest -> containerd"
+            return "critest -> the runtime"
         chain = f"--hooks {self.hooks}" if self.hooks else "an in-process chain (config)"
-        return f"critest -> crihook ({chain}) -> containerd"
+        return f"critest -> crihook ({chain}) -> the runtime"
 
 
 _ANNOTATE_CHAIN = """\
@@ -73,11 +74,11 @@ EXTRA_WAYS: tuple[Way, ...] = (Way("crihook-resources", via_crihook=True, hooks=
 
 class ConformanceBed:
     def __init__(self, workdir: Path, containerd: str) -> None:
-        """``containerd``: one of ``tests.lab.peers.CONTAINERD_CHOICES`` (1.6 or 2)."""
+        """``containerd``: one of ``tests.lab.peers.RUNTIME_CHOICES`` (1.6, 2 or crio)."""
         self.workdir = workdir
         self.containerd_version = containerd
         self.registry: Registry | None = None
-        self.containerd: Containerd | None = None
+        self.containerd: RuntimeLab | None = None
         self._lab_image_refs: set[str] = set()
 
     def __enter__(self) -> ConformanceBed:
@@ -97,14 +98,13 @@ class ConformanceBed:
         self.close()
 
     def _start(self) -> None:
-        binaries = peers.containerd_binaries(self.containerd_version)
         self.registry = Registry(build_catalog()).start()
         images = build_images(DEFAULT_CACHE_DIR)
         self._lab_image_refs = {image.ref for image in images.all()}
-        self.containerd = Containerd(
+        self.containerd = peers.lab_runtime(
+            self.containerd_version,
             self.workdir / "ctd",
             images,
-            binaries=binaries,
             registry_mirror=self.registry.url,
             host_reaches_pods=True,
             cgroup_roots=_CGROUP_ROOTS,
@@ -124,7 +124,7 @@ class ConformanceBed:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     @property
-    def lab(self) -> Containerd:
+    def lab(self) -> RuntimeLab:
         if self.containerd is None:
             raise LabError("the conformance bed is not running")
         return self.containerd
@@ -167,18 +167,9 @@ class ConformanceBed:
         """Between runs: no pods, and only the lab's own images (critest pulls the rest)."""
         lab = self.lab
         lab.ensure_running()
+        lab.remove_all_pods()
         with grpc.insecure_channel(lab.endpoint) as channel:
-            runtime = api_pb2_grpc.RuntimeServiceStub(channel)
             images = api_pb2_grpc.ImageServiceStub(channel)
-            for sandbox in runtime.ListPodSandbox(
-                api_pb2.ListPodSandboxRequest(), timeout=30
-            ).items:
-                runtime.StopPodSandbox(
-                    api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=120
-                )
-                runtime.RemovePodSandbox(
-                    api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id), timeout=120
-                )
             for image in images.ListImages(api_pb2.ListImagesRequest(), timeout=30).images:
                 if self._lab_image_refs.isdisjoint(image.repo_tags):
                     images.RemoveImage(

@@ -26,13 +26,14 @@ from tests.conformance.report import (
     focus_on,
 )
 from tests.lab import peers
+from tests.lab.containerd_versions import runtime_id
 
 __all__ = ["ConformanceResult", "Options", "run_conformance", "summarize_run"]
 
 
 @dataclass(frozen=True)
 class Options:
-    containerd: str = "1.6"  # Debian's 1.6, or "2": 2.x built by tests.lab.peers
+    containerd: str = "1.6"  # Debian's 1.6, "2": 2.x, "crio": CRI-O (both built by peers)
     parallel: int = 1
     seed: int = field(default_factory=lambda: random.randrange(1, 1 << 31))
     ways: tuple[Way, ...] = WAYS
@@ -74,7 +75,7 @@ def run_conformance(
         with ConformanceBed(workdir / "bed", options.containerd) as bed:
             try:
                 say(
-                    f"containerd {options.containerd} up in {time.monotonic() - start:.0f}s; "
+                    f"{runtime_id(options.containerd)} up in {time.monotonic() - start:.0f}s; "
                     f"registry {bed.registry.url if bed.registry else '?'}; seed {options.seed}"
                     f"{f'; parallel {options.parallel}' if options.parallel > 1 else ''}"
                 )
@@ -88,13 +89,15 @@ def run_conformance(
                     comparison = comparison.with_reruns(
                         {name.removesuffix("-rerun"): r.specs for name, r in reruns.items()}
                     )
+                comparison = comparison.with_known_flakes(options.containerd)
             finally:
                 if options.logs is not None:  # before the bed removes containerd's log
                     _copy_logs(workdir, options.logs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    direct = runs[options.ways[0].name]  # the first way is direct
-    failures = explain_lab_failures(direct.specs, options.containerd, comparison.passed_on_rerun())
+    direct = runs[options.ways[0].name]
+    flaky = {row.name for row in comparison.flaky}
+    failures = explain_lab_failures(direct.specs, options.containerd, flaky)
     return ConformanceResult(options, runs, comparison, failures, time.monotonic() - start)
 
 
@@ -141,6 +144,5 @@ def _copy_logs(workdir: Path, dest: Path) -> None:
         for path in workdir.glob(pattern):
             target = dest / str(path.relative_to(workdir)).replace("/", "-")
             shutil.copyfile(path, target)
-    containerd_log = workdir / "bed" / "ctd" / "containerd.log"
-    if containerd_log.exists():
-        shutil.copyfile(containerd_log, dest / "containerd.log")
+    for runtime_log in (workdir / "bed" / "ctd").glob("*.log"):  # containerd.log, crio.log
+        shutil.copyfile(runtime_log, dest / runtime_log.name)

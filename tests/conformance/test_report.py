@@ -16,8 +16,9 @@ from tests.conformance.critest import (
     summarize_failure,
 )
 from tests.conformance.report import (
-    FLAKY_DIRECTLY,
     MISSING,
+    Comparison,
+    Row,
     compare,
     explain_lab_failures,
     focus_on,
@@ -185,11 +186,11 @@ def test_lab_failures_get_their_reason_and_unknown_ones_say_so() -> None:
     ("argv", "containerd", "parallel", "ways"),
     [
         ([], "1.6", 1, ("direct", "crihook-none", "crihook-annotate")),
-        (["--containerd", "2", "--parallel", "3"], "2", 3,
+        (["--runtime", "crio", "--parallel", "3"], "crio", 3,
          ("direct", "crihook-none", "crihook-annotate")),
         (["--ways", "direct,crihook-none"], "1.6", 1, ("direct", "crihook-none")),
     ],
-    ids=["defaults", "containerd-2-parallel", "two-ways"],
+    ids=["defaults", "crio-parallel", "two-ways"],
 )  # fmt: skip
 def test_command_line(argv: list[str], containerd: str, parallel: int, ways: tuple[str]) -> None:
     options = parse_args([*argv, "--seed", "5"])
@@ -246,23 +247,6 @@ def test_a_rerun_that_agrees_makes_a_spec_flaky_not_different() -> None:
     assert render_flaky(first) == "Specs that differed once and agreed on a re-run: none."
 
 
-def test_a_direct_failure_that_did_not_repeat_is_explained_as_the_runtimes_flake() -> None:
-    """At load ~10 containerd's shim once closed its ttrpc connection mid-StopContainer
-    ('failed to kill container: ttrpc: closed') for the direct run only; the re-run passed
-    every way. It is listed, with that reason, not as an unexplained lab failure; a spec
-    that fails directly on its re-run too is still unexplained."""
-    direct = _specs(a="failed", b="failed", c="passed")
-    first = compare({"direct": direct, "via": _specs(a="passed", b="passed", c="passed")})
-    after = first.with_reruns(
-        {"direct": _specs(a="passed", b="failed"), "via": _specs(a="passed", b="passed")}
-    )
-    assert after.passed_on_rerun() == ["a"]
-    failures = explain_lab_failures(direct, "2", after.passed_on_rerun())
-    assert [(f.spec, f.reason) for f in failures] == [("a", FLAKY_DIRECTLY), ("b", "")]
-    assert "NOT A KNOWN LAB LIMIT" in render_lab_failures(failures[1:])
-    assert "NOT A KNOWN LAB LIMIT" not in render_lab_failures(failures[:1])
-
-
 def test_a_spec_missing_from_the_rerun_still_differs() -> None:
     first = compare({"direct": _specs(a="failed"), "via": _specs(a="passed")})
     assert first.with_reruns({"direct": _specs(a="passed"), "via": []}).differ == 1
@@ -276,3 +260,40 @@ def test_focus_on_matches_exactly_the_named_specs() -> None:
     assert pattern.search("Suite [k8s.io] Image Manager pull (x)")
     assert not pattern.search("[k8s.io] Image Manager pull (x) and more")
     assert not pattern.search("X[k8s.io] B b")
+
+
+def test_a_known_flake_of_the_runtime_is_flaky_not_a_difference() -> None:
+    """KNOWN_FLAKES: on CRI-O a pass/fail mix of such a spec is listed as flaky (with its
+    reason); a spec missing from a run is still a difference, and on another runtime (or
+    for another spec) the same mix is a difference."""
+    name = "[k8s.io] Container runtime should support execSync with timeout [Conformance]"
+    other = "[k8s.io] Container runtime should support starting container [Conformance]"
+    rows = (
+        Row(name, ("passed", "failed", "passed"), rerun=("failed", "passed", "failed")),
+        Row(other, ("passed", "failed", "passed"), rerun=("failed", "passed", "failed")),
+    )
+    comparison = Comparison(("direct", "crihook-none", "crihook-annotate"), rows)
+    on_crio = comparison.with_known_flakes("crio")
+    assert (on_crio.differ, [r.name for r in on_crio.flaky]) == (1, [name])
+    assert "known flaky here: CRI-O 1.34.0 answers the timed-out ExecSync" in render_flaky(on_crio)
+    assert comparison.with_known_flakes("2").differ == 2
+    missing = Comparison(comparison.ways, (Row(name, ("passed", MISSING, "passed")),))
+    assert missing.with_known_flakes("crio").differ == 1
+
+
+def test_a_known_flake_failing_directly_is_explained() -> None:
+    flake = SpecResult(
+        "[k8s.io] Image Consistency should not fail on simultaneous RemoveImage calls", "failed"
+    )
+    (failure,) = explain_lab_failures([flake], "crio")
+    assert failure.reason.startswith("flaky here: CRI-O 1.34.0 answers some of five")
+    (failure,) = explain_lab_failures([flake], "2")
+    assert failure.reason == ""
+
+
+def test_a_direct_failure_that_agreed_on_the_rerun_is_explained_as_flaky() -> None:
+    spec = SpecResult("[k8s.io] Runtime info runtime should return runtime conditions", "failed")
+    (failure,) = explain_lab_failures([spec], "crio", {spec.name})
+    assert failure.reason == "flaky here: every way agreed on the re-run (see below)"
+    (failure,) = explain_lab_failures([spec], "crio")
+    assert failure.reason == ""

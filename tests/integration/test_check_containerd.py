@@ -14,9 +14,10 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab import cgroups
-from tests.lab.containerd import Containerd
+from tests.lab.peers import CRIO_VERSION
+from tests.lab.runtime_lab import RuntimeLab
 
-pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
+pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds, pytest.mark.on_crio]
 
 CONFIGS = Path(__file__).parents[1] / "unit" / "kubelet_configs"
 
@@ -33,26 +34,32 @@ def crihook_check(*args: str) -> tuple[int, list[str]]:
     return done.returncode, done.stdout.splitlines()
 
 
-def runtime_version(containerd: Containerd) -> str:
+def runtime_version(containerd: RuntimeLab) -> str:
     with grpc.insecure_channel(containerd.endpoint) as channel:
         answer = api_pb2_grpc.RuntimeServiceStub(channel).Version(api_pb2.VersionRequest())
     return answer.runtime_version
 
 
-def test_a_ready_node_is_exit_0(containerd: Containerd, tmp_path: Path) -> None:
+def test_a_ready_node_is_exit_0(containerd: RuntimeLab, tmp_path: Path) -> None:
     code, lines = crihook_check(
         "--runtime-endpoint", containerd.endpoint, "--image-endpoint", containerd.endpoint,
         "--plugins-dir", str(tmp_path), "--hooks", "cpuset,numa,oom",
         "--kubelet-config", str(CONFIGS / "crihook-ready.yaml"),
     )  # fmt: skip
     version = runtime_version(containerd)
-    assert version.startswith("1.6." if containerd.major == 1 else "2.")
-    assert f"ok       runtime: containerd {version} (CRI v1) at {containerd.endpoint}" in lines
-    # The lab's runc runs with SystemdCgroup = false; 2.x says so through RuntimeConfig.
+    name, prefix = {
+        "containerd-1.6": ("containerd", "1.6."),
+        "containerd-2": ("containerd", "2."),
+        "crio": ("cri-o", CRIO_VERSION[1:]),
+    }[containerd.runtime]
+    assert version.startswith(prefix)
+    assert f"ok       runtime: {name} {version} (CRI v1) at {containerd.endpoint}" in lines
+    # The lab's runc runs with SystemdCgroup = false, CRI-O with cgroup_manager cgroupfs;
+    # containerd 2.x and CRI-O say so through RuntimeConfig.
     source = (
-        "CRI RuntimeConfig"
-        if containerd.major == 2
-        else "Status info, runtime 'runc' SystemdCgroup"
+        "Status info, runtime 'runc' SystemdCgroup"
+        if containerd.runtime == "containerd-1.6"
+        else "CRI RuntimeConfig"
     )
     assert f"ok       cgroup: driver cgroupfs ({source})" in lines
     assert f"ok       cgroup: version {2 if cgroups.is_cgroup_v2() else 1}" in lines
@@ -70,7 +77,7 @@ def test_a_ready_node_is_exit_0(containerd: Containerd, tmp_path: Path) -> None:
 
 
 def test_kubelet_static_managers_and_a_missing_plugin_are_warnings(
-    containerd: Containerd, tmp_path: Path
+    containerd: RuntimeLab, tmp_path: Path
 ) -> None:
     (tmp_path / "50-gone.toml").write_text(
         'name = "50-gone"\nendpoint = "unix:///run/crihook-check-absent/gone.sock"\n'
@@ -98,7 +105,7 @@ def test_kubelet_static_managers_and_a_missing_plugin_are_warnings(
 
 
 def test_json_output_carries_the_same_findings_and_exit(
-    containerd: Containerd, tmp_path: Path
+    containerd: RuntimeLab, tmp_path: Path
 ) -> None:
     args = (
         "--runtime-endpoint", containerd.endpoint, "--plugins-dir", str(tmp_path),

@@ -1,8 +1,9 @@
-"""critest passes through crihook exactly as it passes directly, on containerd 1.6 and 2.x.
+"""critest passes through crihook exactly as it passes directly, on containerd 1.6 and 2.x and
+on CRI-O.
 
 Runs ``python -m tests.conformance`` as a user would (the whole critest suite, three ways,
-one seed) and asserts on its exit code and closing line. Each containerd version takes a
-few minutes; see docs/test-bed.md for the measured times.
+one seed) and asserts on its exit code and closing line. Each runtime takes a few minutes;
+see docs/test-bed.md for the measured times.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ PARALLEL = "2"
 SUMMARY = re.compile(r"^conformance: (\d+) specs ran, (\d+) same both ways, (\d+) differ$")
 
 
-@pytest.mark.parametrize("containerd", ["1.6", "2"], ids=["containerd-1.6", "containerd-2"])
+@pytest.mark.parametrize(
+    "containerd", ["1.6", "2", "crio"], ids=["containerd-1.6", "containerd-2", "crio"]
+)
 def test_critest_outcomes_are_the_same_directly_and_through_crihook(containerd: str) -> None:
     if os.geteuid() != 0:
-        pytest.fail("the conformance runner needs root (a real containerd)", pytrace=False)
+        pytest.fail("the conformance runner needs root (a real runtime)", pytrace=False)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.conformance", "--containerd", containerd,
          "--parallel", PARALLEL],

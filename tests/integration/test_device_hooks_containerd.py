@@ -25,13 +25,13 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
+from tests.lab.runtime_lab import RuntimeLab
 
 # On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
-pytestmark = pytest.mark.both_containerds
+pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
 
 HOOKS = "devices,netdev"
 
@@ -42,7 +42,7 @@ Start = Callable[..., CrihookProcess]
 
 
 @pytest.fixture
-def start_crihook(containerd: Containerd) -> Iterator[Start]:
+def start_crihook(containerd: RuntimeLab) -> Iterator[Start]:
     """`start(config)`: crihook with the device hooks in its own workdir; `start(config,
     workdir=...)` again on the same state. Every process killed, every workdir removed."""
     procs: list[CrihookProcess] = []
@@ -98,7 +98,7 @@ def devices_config(root: Path) -> str:
     )
 
 
-def kubelet_for(proc: CrihookProcess, containerd: Containerd) -> KubeletClient:
+def kubelet_for(proc: CrihookProcess, containerd: RuntimeLab) -> KubeletClient:
     return KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir)
 
 
@@ -144,7 +144,7 @@ def app(name: str = "app") -> ContainerSpec:
 
 
 def test_allowlisted_devices_mounts_and_env_reach_the_container_and_its_spec(
-    containerd: Containerd, start_crihook: Start, host_files: Path, pod_cleanup: PodCleanup
+    containerd: RuntimeLab, start_crihook: Start, host_files: Path, pod_cleanup: PodCleanup
 ) -> None:
     proc = start_crihook(devices_config(host_files))
     dev, models = host_files / "dev", host_files / "models"
@@ -204,7 +204,7 @@ def test_allowlisted_devices_mounts_and_env_reach_the_container_and_its_spec(
     ids=["not-allowlisted", "symlink-out", "namespace", "missing", "mount"],
 )  # fmt: skip
 def test_a_forbidden_request_is_refused_and_nothing_is_created(
-    containerd: Containerd,
+    containerd: RuntimeLab,
     start_crihook: Start,
     host_files: Path,
     pod_cleanup: PodCleanup,
@@ -244,7 +244,7 @@ def test_a_forbidden_request_is_refused_and_nothing_is_created(
 
 
 def test_pooled_devices_are_exclusive_freed_on_removal_and_survive_a_restart(
-    containerd: Containerd, start_crihook: Start, host_files: Path, pod_cleanup: PodCleanup
+    containerd: RuntimeLab, start_crihook: Start, host_files: Path, pod_cleanup: PodCleanup
 ) -> None:
     config = devices_config(host_files)
     proc = start_crihook(config)
@@ -299,7 +299,7 @@ def test_pooled_devices_are_exclusive_freed_on_removal_and_survive_a_restart(
 
 @pytest.mark.parametrize("annotated", [True, False], ids=["init-annotation", "exited"])
 def test_an_app_container_reuses_its_init_containers_device(
-    containerd: Containerd,
+    containerd: RuntimeLab,
     start_crihook: Start,
     host_files: Path,
     pod_cleanup: PodCleanup,
@@ -410,7 +410,7 @@ def netns_of(kubelet: KubeletClient, sandbox_id: str) -> str:
 
 
 def test_a_host_interface_moves_into_the_pod_and_back_and_a_macvlan_comes_and_goes(
-    containerd: Containerd, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
+    containerd: RuntimeLab, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
 ) -> None:
     proc = start_crihook(netdev_config(host_links))
     asked = [
@@ -424,10 +424,18 @@ def test_a_host_interface_moves_into_the_pod_and_back_and_a_macvlan_comes_and_go
         code, out = sh(kubelet, cid, "ip -o link show net1")
         assert code == 0 and "mtu 1400" in out and ",UP" in out, out
         assert "inet 10.77.0.2/24" in sh(kubelet, cid, "ip -o addr show net1")[1]
-        # It is the host's interface: its peer on the host answers.
-        assert sh(kubelet, cid, "ping -c 1 -W 3 10.77.0.1")[0] == 0
-        assert host_links.link(host_links.vf) == ""
+        # It is the host's interface: its peer on the host answers. From the container on
+        # containerd; CRI-O's default capabilities lack NET_RAW (ping's raw socket), so there
+        # from the pod's network namespace, which the container is in.
         netns = netns_of(kubelet, handle.sandbox_id)
+        ping = ["ping", "-c", "1", "-W", "3", "10.77.0.1"]
+        if containerd.is_crio:
+            pinged = subprocess.run(["nsenter", f"--net={netns}", "busybox", *ping], check=False)
+            assert pinged.returncode == 0
+            assert sh(kubelet, cid, " ".join(ping))[0] != 0  # no NET_RAW in the container
+        else:
+            assert sh(kubelet, cid, " ".join(ping))[0] == 0
+        assert host_links.link(host_links.vf) == ""
         details = subprocess.run(
             ["nsenter", f"--net={netns}", "ip", "-d", "-o", "link", "show", "net2"],
             capture_output=True, text=True, check=True,
@@ -443,7 +451,7 @@ def test_a_host_interface_moves_into_the_pod_and_back_and_a_macvlan_comes_and_go
 
 
 def test_interfaces_the_node_does_not_allow_are_refused_before_anything_is_made(
-    containerd: Containerd, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
+    containerd: RuntimeLab, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
 ) -> None:
     proc = start_crihook(netdev_config(host_links))
     with kubelet_for(proc, containerd) as kubelet:
@@ -473,7 +481,7 @@ def test_interfaces_the_node_does_not_allow_are_refused_before_anything_is_made(
 
 
 def test_a_failure_midway_undoes_everything_and_the_sandbox(
-    containerd: Containerd, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
+    containerd: RuntimeLab, start_crihook: Start, host_links: HostLinks, pod_cleanup: PodCleanup
 ) -> None:
     proc = start_crihook(netdev_config(host_links))
     asked = [

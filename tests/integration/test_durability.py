@@ -29,16 +29,16 @@ from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.state_cli import STALE_SECONDS
 from crihook.proxy.store import Store
-from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import KubeletClient
 from tests.lab.kubelet_encoding import burstable_pod
+from tests.lab.runtime_lab import RuntimeLab
 from tests.lab.small_disk import SmallDisk, small_disk
 
 # On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
-pytestmark = pytest.mark.both_containerds
+pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 MiB = 1024 * 1024
@@ -93,7 +93,7 @@ def _store_errors(log: str) -> list[str]:
 
 
 def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(
-    containerd: Containerd, pod_cleanup: PodCleanup, workdir: Path, disk: SmallDisk
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, workdir: Path, disk: SmallDisk
 ) -> None:
     state = disk.path
     direct = KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir)
@@ -388,7 +388,7 @@ def test_values_the_kernel_refuses_are_refused_at_the_door_and_not_forwarded(
 
 
 async def test_reconcile_pod_finds_a_pod_crihook_did_not_hear_of(
-    containerd: Containerd, kubelet_direct: KubeletClient, tmp_path: Path
+    containerd: RuntimeLab, kubelet_direct: KubeletClient, tmp_path: Path
 ) -> None:
     handle = kubelet_direct.run_pod(burstable_pod("unheard-of"))
     other = kubelet_direct.run_pod(burstable_pod("someone-else"))

@@ -55,6 +55,34 @@ def test_containerd2_binaries() -> None:
     assert peers.containerd_binaries("1.6").major == 1
 
 
+def test_crio_binaries() -> None:
+    """CRI-O as its Makefile would build it here: the pinned version, the build date and the
+    tags stamped in, seccomp on; pinns static; Debian's conmon."""
+    binaries = peers.crio()
+    version = _version_output(binaries.crio, "--version")
+    assert f"crio version {peers.CRIO_VERSION[1:]}" in version
+    assert f"BuildDate:      {peers.CRIO_BUILD_DATE}" in version
+    assert "SeccompEnabled:   true" in version
+    for tag in peers.BUNDLES["cri-o"].tags:
+        assert f"     {tag}\n" in version
+    assert binaries.pinns.is_relative_to(peers.cache_root())
+    assert _is_static(binaries.pinns)
+    assert not _is_static(binaries.crio)  # cgo: glibc and libseccomp, dynamically
+    assert binaries.conmon.name == "conmon"
+
+
+def _is_static(path: Path) -> bool:
+    """No PT_INTERP program header: the ELF needs no dynamic loader."""
+    data = path.read_bytes()
+    phoff = int.from_bytes(data[32:40], "little")
+    size, count = int.from_bytes(data[54:56], "little"), int.from_bytes(data[56:58], "little")
+    types = [
+        int.from_bytes(data[phoff + i * size : phoff + i * size + 4], "little")
+        for i in range(count)
+    ]
+    return 3 not in types  # PT_INTERP
+
+
 def test_a_second_install_builds_nothing() -> None:
     for bundle in peers.BUNDLES.values():
         found = peers.install(bundle, quiet=True)

@@ -1,11 +1,11 @@
-"""crihook in front of the real containerd, 1.6 and 2.x: every method containerd implements
-gives the same result through crihook as directly; the pod lifecycle runs through crihook;
-containerd killed and restarted under load never takes crihook down.
+"""crihook in front of the real runtime, containerd 1.6 and 2.x and CRI-O: every method the
+runtime implements gives the same result through crihook as directly; the pod lifecycle runs
+through crihook; the runtime killed and restarted under load never takes crihook down.
 
-Where 2.x differs from 1.6 the tests say so: it implements the methods 1.6 answers
-UNIMPLEMENTED (RuntimeConfig, ListMetricDescriptors, CheckpointContainer,
-UpdatePodSandboxResources) and streams GetContainerEvents; the answers crihook forwards are
-checked against containerd's own either way.
+Where the runtimes differ the tests say so: containerd 2.x and CRI-O implement the methods 1.6
+answers UNIMPLEMENTED (RuntimeConfig, ListMetricDescriptors, CheckpointContainer,
+UpdatePodSandboxResources) and stream GetContainerEvents; the answers crihook forwards are
+checked against the runtime's own either way.
 
 PullImage is the one implemented method not called: no registry is reachable here, and
 containerd would try the internet. The images come from the lab's local archives.
@@ -14,7 +14,6 @@ containerd would try the internet. The images come from the lab's local archives
 from __future__ import annotations
 
 import queue
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,20 +24,20 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import DATA_PATHS, PATIENCE, CrihookProcess, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.images import BUSYBOX_REF
 from tests.lab.kubelet import KubeletClient, PodHandle
 from tests.lab.kubelet_encoding import burstable_pod
+from tests.lab.runtime_lab import RuntimeLab
 
-pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds]
+pytestmark = [pytest.mark.containerd, pytest.mark.both_containerds, pytest.mark.on_crio]
 
 MiB = 1024 * 1024
 
 
 @pytest.fixture(scope="module", params=DATA_PATHS)
-def crihook(containerd: Containerd, request: pytest.FixtureRequest) -> Iterator[CrihookProcess]:
+def crihook(containerd: RuntimeLab, request: pytest.FixtureRequest) -> Iterator[CrihookProcess]:
     """On both data paths: grpc.aio, and crihook's own HTTP/2."""
     with CrihookProcess(containerd.endpoint, data_path=request.param) as proc:
         yield proc
@@ -47,7 +46,7 @@ def crihook(containerd: Containerd, request: pytest.FixtureRequest) -> Iterator[
 
 @pytest.fixture
 def via(
-    crihook: CrihookProcess, containerd: Containerd, pod_cleanup: PodCleanup
+    crihook: CrihookProcess, containerd: RuntimeLab, pod_cleanup: PodCleanup
 ) -> Iterator[KubeletClient]:
     with KubeletClient(crihook.endpoint, log_root=containerd.pod_log_dir) as client:
         yield client
@@ -61,7 +60,7 @@ class Stubs:
 
 
 @pytest.fixture
-def both(crihook: CrihookProcess, containerd: Containerd) -> Iterator[tuple[Stubs, Stubs]]:
+def both(crihook: CrihookProcess, containerd: RuntimeLab) -> Iterator[tuple[Stubs, Stubs]]:
     direct, proxied = Stubs(containerd.endpoint), Stubs(crihook.endpoint)
     yield direct, proxied
     direct.channel.close()
@@ -116,7 +115,7 @@ def _clear(message: Any) -> None:
 
 
 def test_lifecycle_through_crihook_reaches_containerd(
-    via: KubeletClient, containerd: Containerd, both: tuple[Stubs, Stubs]
+    via: KubeletClient, containerd: RuntimeLab, both: tuple[Stubs, Stubs]
 ) -> None:
     handle = _pod(via, "lifecycle")
     direct, _ = both
@@ -127,15 +126,15 @@ def test_lifecycle_through_crihook_reaches_containerd(
     assert status.status.resources.linux.cpu_shares == 256
     assert status.status.resources.linux.cpu_quota == 50000
     assert status.status.resources.linux.memory_limit_in_bytes == 64 * MiB
-    # 2.x fills the image id (ContainerStatus.image_id and Container.image_id, newer in the
-    # CRI than 1.6), through crihook as directly; 1.6 leaves both empty.
+    # 2.x and CRI-O fill the image id (ContainerStatus.image_id and Container.image_id,
+    # newer in the CRI than 1.6), through crihook as directly; 1.6 leaves both empty.
     image = direct.img.ImageStatus(
         api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=BUSYBOX_REF))
     ).image
     via_status = via.container_status(cid).status
     (listed_container,) = [c for c in via.runtime.ListContainers(
         api_pb2.ListContainersRequest()).containers if c.id == cid]  # fmt: skip
-    expected_id = image.id if containerd.major == 2 else ""
+    expected_id = "" if containerd.runtime == "containerd-1.6" else image.id
     assert (status.status.image_id, via_status.image_id) == (expected_id, expected_id)
     assert listed_container.image_id == expected_id
     assert via.exec_sync(cid, ["echo", "through-crihook"]).stdout == b"through-crihook\n"
@@ -237,7 +236,7 @@ def test_streaming_urls_and_runtime_config_calls(
 
 
 def test_update_container_resources_through_crihook(
-    via: KubeletClient, both: tuple[Stubs, Stubs], containerd: Containerd
+    via: KubeletClient, both: tuple[Stubs, Stubs], containerd: RuntimeLab
 ) -> None:
     handle = _pod(via, "update")
     direct, proxied = both
@@ -253,28 +252,14 @@ def test_update_container_resources_through_crihook(
     )
     res = direct.rt.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=cid)).status
     assert (res.resources.linux.cpu_shares, res.resources.linux.cpu_quota) == (512, 80000)
-    cgroup = Path("/sys/fs/cgroup/cpu") / handle.cgroup_parent.lstrip("/") / cid / "cpu.shares"
+    path = containerd.container_cgroup(handle.cgroup_parent, cid)
+    cgroup = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.shares"
     assert cgroup.read_text().strip() == "512"
 
 
-def test_remove_image_through_crihook(containerd: Containerd, both: tuple[Stubs, Stubs]) -> None:
+def test_remove_image_through_crihook(containerd: RuntimeLab, both: tuple[Stubs, Stubs]) -> None:
     ref = "localhost/crihook/throwaway:1"
-    subprocess.run(
-        [
-            "ctr",
-            "--address",
-            str(containerd.socket_path),
-            "-n",
-            "k8s.io",
-            "images",
-            "tag",
-            "--force",
-            "localhost/crihook/busybox:1.35",
-            ref,
-        ],
-        check=True,
-        capture_output=True,
-    )
+    containerd.tag_image("localhost/crihook/busybox:1.35", ref)
     direct, proxied = both
     spec = api_pb2.ImageSpec(image=ref)
     assert direct.img.ImageStatus(api_pb2.ImageStatusRequest(image=spec)).image.id
@@ -285,10 +270,10 @@ def test_remove_image_through_crihook(containerd: Containerd, both: tuple[Stubs,
         containerd.import_images()  # CRI removes the image by id: every tag of it went
 
 
-# Methods containerd 1.6 answers UNIMPLEMENTED; 2.x implements every one. The requests are
-# the smallest each answers: 2.x returns its runtime config and metric descriptors (in map
-# order: compared sorted), fails any checkpoint in its handler (UNKNOWN: the lab has no
-# CRIU), and finds no such sandbox to resize (NOT_FOUND).
+# Methods containerd 1.6 answers UNIMPLEMENTED; 2.x and CRI-O implement every one. The
+# requests are the smallest each answers: both return their runtime config and metric
+# descriptors (in map order: compared sorted), fail any checkpoint in their handler
+# (UNKNOWN: the lab has no CRIU), and find no such sandbox to resize (NOT_FOUND).
 NEWER_METHODS: dict[str, tuple[bytes, grpc.StatusCode, type[Any] | None]] = {
     "RuntimeConfig": (b"", grpc.StatusCode.OK, api_pb2.RuntimeConfigResponse),
     "ListMetricDescriptors": (b"", grpc.StatusCode.OK, api_pb2.ListMetricDescriptorsResponse),
@@ -316,18 +301,19 @@ def _outcome(stubs: Stubs, method: str) -> tuple[grpc.StatusCode, object]:
 
 @pytest.mark.parametrize("method", NEWER_METHODS)
 def test_methods_16_lacks_answer_the_same_through_crihook(
-    containerd: Containerd, both: tuple[Stubs, Stubs], method: str
+    containerd: RuntimeLab, both: tuple[Stubs, Stubs], method: str
 ) -> None:
     direct, proxied = (_outcome(stubs, method) for stubs in both)
     assert proxied == direct
     on_2 = NEWER_METHODS[method][1]
-    assert direct[0] == (grpc.StatusCode.UNIMPLEMENTED if containerd.major == 1 else on_2)
+    on_16 = containerd.runtime == "containerd-1.6"
+    assert direct[0] == (grpc.StatusCode.UNIMPLEMENTED if on_16 else on_2)
 
 
 def test_get_container_events_through_crihook(
-    containerd: Containerd, via: KubeletClient, both: tuple[Stubs, Stubs]
+    containerd: RuntimeLab, via: KubeletClient, both: tuple[Stubs, Stubs]
 ) -> None:
-    if containerd.major == 1:
+    if containerd.runtime == "containerd-1.6":
         # containerd 1.6 lacks GetContainerEvents: the same status both ways.
         results = []
         for stubs in both:
@@ -338,7 +324,8 @@ def test_get_container_events_through_crihook(
         assert results[0] == results[1]
         assert results[0][0] == grpc.StatusCode.UNIMPLEMENTED
         return
-    # containerd 2.x streams them (kubelet's evented PLEG). A subscription is live once an
+    # containerd 2.x and CRI-O (enable_pod_events) stream them (kubelet's evented PLEG).
+    # On containerd a subscription is live once an
     # event of ours comes through it: containerd hands events published while nobody
     # listens to the next subscriber, but one published while only a client that has gone
     # is subscribed is lost (that subscription lingers until the next event). So: probe
@@ -431,30 +418,35 @@ def test_unknown_fields_reach_containerd_and_are_accepted(
 
 
 def test_a_field_newer_than_16_passes_through_crihook(
-    containerd: Containerd, via: KubeletClient, both: tuple[Stubs, Stubs]
+    containerd: RuntimeLab, via: KubeletClient, both: tuple[Stubs, Stubs]
 ) -> None:
     """kubelet 1.33+ sends a container's stop signal (ContainerConfig.stop_signal). crihook
     forwards it: 2.x accepts it and reports it back; 1.6 does not know the field, ignores it
-    and reports none."""
+    and reports none; CRI-O 1.34 stops the container with it but reports none."""
     handle = _pod(via, "stop-signal")
     direct, _ = both
     config = api_pb2.ContainerConfig()
     config.CopyFrom(handle.container_configs["app"])
     config.metadata.name = "signalled"
     config.stop_signal = api_pb2.SIGUSR1
+    # It answers the signal: a container PID 1 ignores signals it has no handler for, and
+    # CRI-O then waits a minute before it kills one that was stopped with timeout 0.
+    del config.command[:], config.args[:]
+    config.command.extend(["sh", "-c", "trap 'exit 0' USR1; while :; do sleep 1; done"])
     cid = via.runtime.CreateContainer(
         api_pb2.CreateContainerRequest(
             pod_sandbox_id=handle.sandbox_id, config=config, sandbox_config=handle.sandbox_config
         ),
         timeout=30,
     ).container_id
+    via.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=30)
     status = direct.rt.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=cid)).status
-    expected = api_pb2.SIGUSR1 if containerd.major == 2 else api_pb2.RUNTIME_DEFAULT
+    expected = api_pb2.SIGUSR1 if containerd.runtime == "containerd-2" else api_pb2.RUNTIME_DEFAULT
     assert api_pb2.Signal.Name(status.stop_signal) == api_pb2.Signal.Name(expected)
 
 
 def test_containerd_killed_and_restarted_under_load(
-    containerd: Containerd, via: KubeletClient, crihook: CrihookProcess, both: tuple[Stubs, Stubs]
+    containerd: RuntimeLab, via: KubeletClient, crihook: CrihookProcess, both: tuple[Stubs, Stubs]
 ) -> None:
     handle = _pod(via, "restart")
     _, proxied = both

@@ -12,11 +12,11 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab import peers
-from tests.lab.containerd import Containerd
 from tests.lab.containerd_config import REGISTRY_HOSTS, hosts_toml
 from tests.lab.images import LabImages
 from tests.lab.oci import MANIFEST_MEDIA_TYPE, Reference, TarWriter, build_image, parse_reference
 from tests.lab.registry import Catalog, Registry, RegistryError, Request, route
+from tests.lab.runtime_lab import RuntimeLab
 
 
 def _image(marker: bytes) -> tuple[Catalog, str, str]:
@@ -154,37 +154,43 @@ def test_hosts_toml_names_only_the_mirror() -> None:
 @pytest.fixture
 def mirrored_containerd(
     containerd_version: str, lab_images: LabImages
-) -> Iterator[tuple[Containerd, Registry, str]]:
-    """A private containerd (of each version: the two read hosts.toml differently) whose
-    registries all resolve to a loopback registry."""
-    catalog, _, config_digest = _image(b"pulled through the mirror")
+) -> Iterator[tuple[RuntimeLab, Registry, str, str]]:
+    """A private runtime (containerd of each version: the two read hosts.toml differently;
+    CRI-O, which reads registries.conf) whose registries all resolve to a loopback
+    registry."""
+    catalog, manifest_digest, config_digest = _image(b"pulled through the mirror")
     with Registry(catalog) as registry:
-        lab = Containerd(
+        lab = peers.lab_runtime(
+            containerd_version,
             tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"),
             lab_images,
-            binaries=peers.containerd_binaries(containerd_version),
             registry_mirror=registry.url,
         )
         try:
             lab.start()
-            yield lab, registry, config_digest
+            yield lab, registry, manifest_digest, config_digest
         finally:
             lab.cleanup()
 
 
 @pytest.mark.containerd
 @pytest.mark.both_containerds
+@pytest.mark.on_crio
 def test_containerd_pulls_through_the_mirror_and_nowhere_else(
-    mirrored_containerd: tuple[Containerd, Registry, str],
+    mirrored_containerd: tuple[RuntimeLab, Registry, str, str],
 ) -> None:
-    lab, registry, config_digest = mirrored_containerd
+    lab, registry, manifest_digest, config_digest = mirrored_containerd
     with grpc.insecure_channel(lab.endpoint) as channel:
         images = api_pb2_grpc.ImageServiceStub(channel)
         for ref in ("registry.k8s.io/lab/thing:1", "k8s.gcr.io/lab/thing:2"):
             pulled = images.PullImage(
                 api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=ref)), timeout=60
             )
-            assert pulled.image_ref == config_digest
+            # containerd answers the image id; CRI-O a repository digest (the manifest's).
+            expected = (
+                f"{ref.rsplit(':', 1)[0]}@{manifest_digest}" if lab.is_crio else config_digest
+            )
+            assert pulled.image_ref == expected
         # Not in the registry: NotFound from the mirror, no fall-back to the real host
         # (that would be a DNS error or a refused connection to the dead proxy).
         with pytest.raises(grpc.RpcError) as missing:
@@ -192,7 +198,13 @@ def test_containerd_pulls_through_the_mirror_and_nowhere_else(
                 api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image="gcr.io/lab/nothere:1")),
                 timeout=60,
             )
-        assert "not found" in str(missing.value.details())
+        # CRI-O's words for it: "repository lab/nothere not known", from the mirror too.
+        answer = str(missing.value.details())
+        assert (
+            ("127.0.0.1" in answer and "not known" in answer)
+            if lab.is_crio
+            else ("not found" in answer)
+        )
         # A registry with no hosts.toml: the dead proxy stops it before any DNS lookup.
         with pytest.raises(grpc.RpcError) as unmirrored:
             images.PullImage(

@@ -22,14 +22,15 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
-from tests.lab.containerd import Containerd
+from tests.lab import cgroups
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 from tests.lab.kubelet_encoding import pod_log_directory, qos_class
+from tests.lab.runtime_lab import RuntimeLab
 
 # On containerd 1.6 and 2.x by default (tests/lab/containerd_versions.py).
-pytestmark = pytest.mark.both_containerds
+pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
 
 MiB = 1024 * 1024
 HOOKS = "cpuset,numa,oom"
@@ -46,7 +47,7 @@ Start = Callable[[str], CrihookProcess]
 
 
 @pytest.fixture
-def start_crihook(containerd: Containerd) -> Iterator[Start]:
+def start_crihook(containerd: RuntimeLab) -> Iterator[Start]:
     """Starts `crihook serve --hooks cpuset,numa,oom` (config TOML as given) in its own workdir;
     every process killed and every workdir removed at teardown."""
     procs: list[CrihookProcess] = []
@@ -91,12 +92,13 @@ def guaranteed(name: str, cpus: int = 1) -> PodSpec:
     return PodSpec(name=name, containers=[app])
 
 
-def kubelet_for(proc: CrihookProcess, containerd: Containerd) -> KubeletClient:
+def kubelet_for(proc: CrihookProcess, containerd: RuntimeLab) -> KubeletClient:
     return KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir)
 
 
 def cgroup_value(controller: str, handle: PodHandle, cid: str, name: str) -> str:
-    path = CGROUP / controller / handle.cgroup_parent.lstrip("/") / cid / name
+    container = cgroups.container_cgroup(handle.cgroup_parent, cid)
+    path = CGROUP / controller / container.lstrip("/") / name
     return path.read_text().strip()
 
 
@@ -232,7 +234,7 @@ def update_resources(
 
 
 def test_exclusive_cpus_and_the_shared_pool_reach_the_cgroups(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
 ) -> None:
     proc = start_crihook("")
     online = topology.online
@@ -278,7 +280,7 @@ def test_exclusive_cpus_and_the_shared_pool_reach_the_cgroups(
 
 
 def test_the_last_free_cpu_is_refused_while_shared_containers_run_on_it(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
 ) -> None:
     """No reserved CPUs (the hook's default): a Guaranteed container that would take the last
     CPU of the shared pool while a shared container runs on it must be refused, as the hook
@@ -322,7 +324,7 @@ OOM_RANGES = '[hooks.oom]\noverride_ranges = { "*" = "0..1000" }\n'
 
 
 def test_oom_score_override_kubelets_value_and_updates_reach_the_processes(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start
 ) -> None:
     proc = start_crihook(OOM_RANGES)
     with kubelet_for(proc, containerd) as kubelet:
@@ -365,7 +367,7 @@ def test_oom_score_override_kubelets_value_and_updates_reach_the_processes(
 
 
 def test_restart_keeps_the_allocation_and_refuses_what_does_not_fit(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
 ) -> None:
     """reserved_cpus = "0" (kubelet's static policy needs at least one reserved CPU): the
     reserved CPU stays in the shared pool and is never handed out."""
@@ -414,7 +416,7 @@ def test_restart_keeps_the_allocation_and_refuses_what_does_not_fit(
 
 
 def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
 ) -> None:
     """The hooks reserve CPUs and memory in the pre stage (on disk before containerd acts);
     containerd then refuses the container (an image it does not have): the failed stage gives
@@ -429,9 +431,15 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
         handle = run_sandbox(kubelet, guaranteed("refused"), pod_cleanup)
         with pytest.raises(grpc.RpcError) as err:
             create_container(kubelet, handle, image_ref=MISSING_IMAGE)
-        # containerd's own answer, passed back as it is.
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
-        assert (err.value.details() or "").startswith("failed to resolve image")
+        # The runtime's own answer, passed back as it is: containerd NOT_FOUND, CRI-O
+        # UNKNOWN ("reference ... does not resolve to an image ID").
+        code, prefix = (
+            (grpc.StatusCode.UNKNOWN, "reference ")
+            if containerd.is_crio
+            else (grpc.StatusCode.NOT_FOUND, "failed to resolve image")
+        )
+        assert err.value.code() == code
+        assert (err.value.details() or "").startswith(prefix), err.value.details()
         # The hooks had reserved for it: CPUs and memory.
         log = proc.log()
         assert (
@@ -439,7 +447,7 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
             in log
         )
         assert "30-numa pre-CreateContainer -> Adjustment(cpuset_mems='0')" in log
-        assert "CreateContainer failed in the runtime: NOT_FOUND" in log
+        assert f"CreateContainer failed in the runtime: {code.name}" in log
         # Released (written behind the failure): nothing reserved, nothing held.
         cpuset = state_when(proc, "cpuset", lambda s: not _reservations(s), "reservation released")
         numa = state_when(proc, "numa", lambda s: not s.get("pending"), "reservation released")
@@ -464,7 +472,7 @@ def _reservations(state: dict[str, Any]) -> list[str]:
 
 
 def test_resizes_grow_and_shrink_on_the_host_and_exclusive_ones_are_refused(
-    containerd: Containerd,
+    containerd: RuntimeLab,
     containerd_version: str,
     pod_cleanup: PodCleanup,
     start_crihook: Start,
@@ -523,7 +531,7 @@ def test_resizes_grow_and_shrink_on_the_host_and_exclusive_ones_are_refused(
 
 
 def test_with_resize_exclusive_cpus_an_exclusive_container_grows_and_shrinks_on_the_host(
-    containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
+    containerd: RuntimeLab, pod_cleanup: PodCleanup, start_crihook: Start, topology: Topology
 ) -> None:
     """kubelet's InPlacePodVerticalScalingExclusiveCPUs: a Guaranteed container created with
     1 CPU grows to every CPU of this machine and back to the CPU it was created with (never

@@ -19,6 +19,7 @@ __all__ = [
     "CgroupLimits",
     "cgroup_dirs",
     "cgroup_mounts",
+    "container_cgroup",
     "is_cgroup_v2",
     "read_limits",
     "remove_cgroup_dir",
@@ -43,6 +44,17 @@ def cgroup_dirs(path: str) -> list[Path]:
     """The existing directories for an absolute cgroup path, one per hierarchy."""
     rel = path.strip("/")
     return [m / rel for m in cgroup_mounts() if (m / rel).is_dir()]
+
+
+def container_cgroup(cgroup_parent: str, container_id: str) -> str:
+    """The absolute cgroupfs path of a container under its pod's parent, whichever runtime
+    made it: containerd names it ``<parent>/<id>``, CRI-O ``<parent>/crio-<id>``. The one
+    that exists (containerd's name when neither does)."""
+    parent = "/" + cgroup_parent.strip("/")
+    for name in (container_id, f"crio-{container_id}"):
+        if cgroup_dirs(f"{parent}/{name}"):
+            return f"{parent}/{name}"
+    return f"{parent}/{container_id}"
 
 
 def remove_cgroup_tree(path: str) -> list[str]:

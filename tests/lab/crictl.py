@@ -103,6 +103,10 @@ _PROC_PID = re.compile(r"/proc/\d+/")
 # klog's line header (severity, date, time, thread id) on crictl's error lines.
 _KLOG = re.compile(r"^([EWIF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ", re.MULTILINE)
 _NETNS = re.compile(r"\bcni-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# CRI-O: each pod's namespaces pinned under <namespaces_dir>/<kind>ns/<uuid>, and its storage
+# layers named by a random id (overlay/<id>/merged).
+_NS_PIN = re.compile(r"(ns/)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_LAYER = re.compile(r"(/overlay/)[0-9a-f]{64}\b")
 # JSON keys whose values are times or process ids: kept only as "set" or zero.
 _VOLATILE_KEYS = frozenset({"createdAt", "startedAt", "finishedAt", "timestamp", "pid"})
 _ZEROS = (0, "0", "", None, _ZERO_TIME)
@@ -115,18 +119,30 @@ def scrub(text: str, names: Mapping[str, str], subnet_prefix: str) -> str:
     placeholders."""
     for ident, name in sorted(names.items(), key=lambda item: -len(item[0])):
         text = text.replace(ident, f"<{name}>").replace(ident[:13], f"<{name}>")
+        # CRI-O's pod hostname: the sandbox id's first 12 characters.
+        text = re.sub(rf"\b{re.escape(ident[:12])}\b", f"<{name}>", text)
     text = _RFC3339.sub(lambda m: m.group(0) if m.group(0) == _ZERO_TIME else "<time>", text)
     text = _KLOG.sub(r"\1<klog> ", text)
     text = _PROC_PID.sub("/proc/<pid>/", text)
     text = _MAC.sub("<mac>", text)
     text = _VETH.sub("<veth>", text)
     text = _NETNS.sub("<netns>", text)
+    text = _NS_PIN.sub(r"\1<netns>", text)
+    text = _LAYER.sub(r"\1<layer>", text)
     return re.sub(re.escape(subnet_prefix) + r"\d+\b", "<pod-ip>", text)
 
 
 def scrub_json(doc: object) -> object:
     """A JSON document with the values of time and pid keys replaced by ``"<set>"`` (a zero
-    stays as it is: "not started" and "started" still differ)."""
+    stays as it is: "not started" and "started" still differ), and JSON objects inside
+    strings (CRI-O's annotations: Go writes a map's keys in random order) with their keys
+    sorted."""
+    if isinstance(doc, str) and doc.startswith("{"):
+        try:
+            inner = json.loads(doc)
+        except ValueError:
+            return doc
+        return json.dumps(scrub_json(inner), sort_keys=True)
     if isinstance(doc, dict):
         return {
             k: ("<set>" if k in _VOLATILE_KEYS and v not in _ZEROS else scrub_json(v))

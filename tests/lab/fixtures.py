@@ -1,12 +1,14 @@
 """pytest fixtures for the containerd test bed (registered by tests/conftest.py).
 
 - ``lab_images`` (session): the pause and busybox archives, cached in /tmp/crihook-lab-images.
-- ``containerd`` (session): one private containerd per version for the whole run, cleaned up
-  at the end even when tests fail. Parametrized by ``containerd_version`` ("1.6": Debian's,
-  "2": containerd 2.x built by tests.lab.peers); which versions a test gets is the
-  ``--containerd`` option and the ``both_containerds`` marker
-  (:mod:`tests.lab.containerd_versions`). Test ids say the version: ``[containerd-2]``.
-  Not root, or containerd cannot start: the tests fail with the reason (nothing is skipped).
+- ``containerd`` (session): one private CRI runtime per runtime for the whole run, cleaned up
+  at the end even when tests fail: a :class:`tests.lab.runtime_lab.RuntimeLab`. Parametrized
+  by ``containerd_version`` ("1.6": Debian's containerd, "2": containerd 2.x built by
+  tests.lab.peers, "crio": CRI-O built by tests.lab.peers); which runtimes a test gets is
+  the ``--containerd`` option (alias ``--runtime``) and the ``both_containerds`` and
+  ``on_crio`` markers (:mod:`tests.lab.containerd_versions`). Test ids say the runtime:
+  ``[containerd-2]``, ``[crio]``. Not root, or the runtime cannot start: the tests fail
+  with the reason (nothing is skipped).
 - ``pod_cleanup`` (function): at teardown removes every sandbox that appeared on the lab
   containerd during the test, whoever created it (directly or through crihook).
 - ``kubelet_direct`` (function): a KubeletClient on containerd's own socket; its pods are
@@ -25,10 +27,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.lab import containerd_versions, peers
-from tests.lab.containerd import Containerd, LabError
+from tests.lab.containerd import LabError
 from tests.lab.crihook_proc import DATA_PATH_ENV, DATA_PATHS, clean_up_after, made_so_far
 from tests.lab.images import DEFAULT_CACHE_DIR, LabImages, build_images
 from tests.lab.kubelet import KubeletClient, PodHandle
+from tests.lab.runtime_lab import RuntimeLab
 
 __all__ = [
     "PodCleanup",
@@ -46,11 +49,13 @@ LAB_DIR_PREFIX = "crihook-lab-"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         containerd_versions.OPTION,
+        containerd_versions.OPTION_ALIAS,
         choices=containerd_versions.CHOICES,
         default=containerd_versions.DEFAULT,
-        help="containerd versions for the real-containerd tests: auto (default: modules "
-        f"marked {containerd_versions.BOTH_MARKER} on 1.6 and 2.x, the rest on 1.6), "
-        "1.6, 2, or both (every test on both)",
+        help="runtimes for the real-runtime tests: auto (default: every test on containerd "
+        f"1.6, modules marked {containerd_versions.BOTH_MARKER} also on 2.x, modules marked "
+        f"{containerd_versions.CRIO_MARKER} also on CRI-O), 1.6, 2, crio, both (every test on "
+        "both containerds) or all (every test on all three)",
     )
     parser.addoption(
         "--data-path",
@@ -69,23 +74,29 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{containerd_versions.BOTH_MARKER}: real-containerd tests that run on containerd 1.6 "
         "and 2.x by default (--containerd auto)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{containerd_versions.CRIO_MARKER}: real-runtime tests that also run on CRI-O by "
+        "default (--containerd auto)",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test that uses the ``containerd`` fixture gets one run per chosen version."""
+    """Every test that uses the ``containerd`` fixture gets one run per chosen runtime."""
     if "containerd_version" not in metafunc.fixturenames:
         return
+    marked = metafunc.definition.get_closest_marker
     versions = containerd_versions.versions_for(
         metafunc.config.getoption(containerd_versions.OPTION),
-        marked_both=metafunc.definition.get_closest_marker(containerd_versions.BOTH_MARKER)
-        is not None,
+        marked_both=marked(containerd_versions.BOTH_MARKER) is not None,
+        marked_crio=marked(containerd_versions.CRIO_MARKER) is not None,
     )
     metafunc.parametrize(
         "containerd_version",
         versions,
         indirect=True,
-        scope="session",  # one containerd per version; pytest groups the tests by it
-        ids=[f"containerd-{v}" for v in versions],
+        scope="session",  # one runtime each; pytest groups the tests by it
+        ids=[containerd_versions.runtime_id(v) for v in versions],
     )
 
 
@@ -118,25 +129,25 @@ def lab_images() -> LabImages:
 
 @pytest.fixture(scope="session")
 def containerd_version(request: pytest.FixtureRequest) -> str:
-    """The version, "1.6" or "2": set by pytest_generate_tests for each test using it."""
+    """The runtime, "1.6", "2" or "crio": set by pytest_generate_tests for each test."""
     version: str = request.param
     return version
 
 
 @pytest.fixture(scope="session")
-def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Containerd]:
+def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[RuntimeLab]:
+    """The lab runtime (named for the first one; CRI-O too: the suites are the same)."""
     if os.geteuid() != 0:
-        pytest.fail("the containerd lab needs root (run the tests as root)", pytrace=False)
+        pytest.fail("the runtime lab needs root (run the tests as root)", pytrace=False)
     failure = ""
     try:
-        binaries = peers.containerd_binaries(containerd_version)
+        lab = peers.lab_runtime(
+            containerd_version, tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images
+        )
     except (LabError, peers.PeerError) as exc:
-        failure = f"containerd {containerd_version} is not available: {exc}"
+        failure = f"{containerd_versions.runtime_id(containerd_version)} is not available: {exc}"
     if failure:
         pytest.fail(f"{failure}\n(run sh deploy/setup.sh)", pytrace=False)
-    lab = Containerd(
-        tempfile.mkdtemp(prefix=LAB_DIR_PREFIX, dir="/tmp"), lab_images, binaries=binaries
-    )
     try:
         lab.start()
     except BaseException as exc:  # also Ctrl-C: never leave a half-started containerd
@@ -147,7 +158,7 @@ def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Conta
         if not isinstance(exc, Exception):
             raise
         notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", []))
-        failure = f"containerd lab did not start: {exc}{notes}"
+        failure = f"{lab.runtime} lab did not start: {exc}{notes}"
     if failure:  # outside the except block, so the report is not a chained traceback
         pytest.fail(f"{failure}\n(run tests/lab/install.sh if packages are missing)", pytrace=False)
     try:
@@ -159,7 +170,7 @@ def containerd(containerd_version: str, lab_images: LabImages) -> Iterator[Conta
 class PodCleanup:
     """Removes, at teardown, the sandboxes created on ``containerd`` since construction."""
 
-    def __init__(self, containerd: Containerd, client: KubeletClient) -> None:
+    def __init__(self, containerd: RuntimeLab, client: KubeletClient) -> None:
         self.containerd = containerd
         self.client = client
         self._before = {p.id for p in client.list_pods()}
@@ -188,7 +199,7 @@ class PodCleanup:
 
 
 @pytest.fixture
-def pod_cleanup(containerd: Containerd) -> Iterator[PodCleanup]:
+def pod_cleanup(containerd: RuntimeLab) -> Iterator[PodCleanup]:
     containerd.ensure_running()
     with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as client:
         tracker = PodCleanup(containerd, client)
@@ -197,6 +208,6 @@ def pod_cleanup(containerd: Containerd) -> Iterator[PodCleanup]:
 
 
 @pytest.fixture
-def kubelet_direct(containerd: Containerd, pod_cleanup: PodCleanup) -> Iterator[KubeletClient]:
+def kubelet_direct(containerd: RuntimeLab, pod_cleanup: PodCleanup) -> Iterator[KubeletClient]:
     with KubeletClient(containerd.endpoint, log_root=containerd.pod_log_dir) as client:
         yield client

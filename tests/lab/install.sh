@@ -1,5 +1,6 @@
 #!/bin/sh
-# Install what the containerd test bed (tests/lab) needs on a Debian/Ubuntu machine.
+# Install what the runtime test bed (tests/lab: containerd, CRI-O) needs on a Debian/Ubuntu
+# machine.
 #   sh tests/lab/install.sh        the lab and the test suite's tools
 #   sh tests/lab/install.sh lab    only what a lab containerd runs with (deploy/demo.sh)
 # Idempotent: when every package is already installed it only runs dpkg-query (well under 1 s).
@@ -12,6 +13,10 @@ if [ "${1:-}" != "lab" ]; then
     # For the peers that tests/lab/peers.py builds: runc's seccomp support links libseccomp
     # (found through pkg-config).
     PACKAGES="$PACKAGES libseccomp-dev pkg-config"
+    # CRI-O (tests/lab/crio.py) is built by peers.py; its container monitor is Debian's
+    # conmon. Its build needs nothing more: signatures in pure Go and no btrfs driver (build
+    # tags), so neither libgpgme-dev nor libbtrfs-dev.
+    PACKAGES="$PACKAGES conmon"
     # systemd-analyze, for `systemd-analyze verify` of systemd/ (tests/unit/test_systemd_units.py).
     # Installing the package does not make systemd the init of a container; it only adds files.
     PACKAGES="$PACKAGES systemd"

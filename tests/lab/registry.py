@@ -21,6 +21,7 @@ import ipaddress
 import json
 import logging
 import re
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -145,6 +146,17 @@ def route(catalog: Catalog, request: Request) -> Response:
     return Response(206, headers, blob[start : end + 1])
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
+        # CRI-O's image library tries TLS first on an insecure registry, then plain HTTP: the
+        # TLS hello is not HTTP and the client resets. Not worth socketserver's traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("lab registry: %s from %s", exc, client_address)
+            return
+        super().handle_error(request, client_address)
+
+
 class Registry:
     """The catalog served over HTTP on ``host`` (loopback only), port ``port`` (0: any).
 
@@ -171,7 +183,7 @@ class Registry:
         if self._server is not None:
             raise RegistryError("the registry is already running")
         try:
-            server = ThreadingHTTPServer((self.host, self.port), self._handler_class())
+            server = _Server((self.host, self.port), self._handler_class())
         except OSError as exc:
             raise RegistryError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
         server.daemon_threads = True

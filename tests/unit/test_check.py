@@ -259,6 +259,13 @@ DRIVER_CASES = [
      ("cgroupfs", "Status info, runtime 'r', runc's default")),
     ("no-default-runtime", {"containerd": {"runtimes": {}}},
      (None, "Status info config names no default runtime")),
+    # CRI-O's verbose config is its own Go struct: the manager is named outright.
+    ("crio-cgroupfs", {"crio": {"CgroupManagerName": "cgroupfs", "DefaultRuntime": "runc"}},
+     ("cgroupfs", "Status info, CRI-O CgroupManagerName")),
+    ("crio-systemd", {"crio": {"CgroupManagerName": "systemd"}},
+     ("systemd", "Status info, CRI-O CgroupManagerName")),
+    ("crio-no-manager", {"crio": {}},
+     (None, "Status info config (CRI-O) names no cgroup manager")),
 ]  # fmt: skip
 
 

@@ -191,6 +191,7 @@ VALID_TOP = [
         32 * 1024 * 1024,
     ),
     ("data_path", {"data_path": "grpc"}, "server.data_path", "grpc"),
+    ("read_back", {"read_back": True}, "runtime.read_back", True),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
     (
         "node",

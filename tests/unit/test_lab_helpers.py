@@ -13,22 +13,38 @@ from tests.lab.demo import crictl_hint
 
 
 @pytest.mark.parametrize(
-    ("choice", "marked_both", "versions"),
+    ("choice", "marked_both", "marked_crio", "versions"),
     [
-        ("auto", True, ("1.6", "2")),
-        ("auto", False, ("1.6",)),
-        ("1.6", True, ("1.6",)),
-        ("2", False, ("2",)),
-        ("both", False, ("1.6", "2")),
+        ("auto", True, False, ("1.6", "2")),
+        ("auto", False, False, ("1.6",)),
+        ("auto", True, True, ("1.6", "2", "crio")),
+        ("auto", False, True, ("1.6", "crio")),
+        ("1.6", True, True, ("1.6",)),
+        ("2", False, False, ("2",)),
+        ("crio", False, False, ("crio",)),
+        ("both", False, True, ("1.6", "2")),
+        ("all", False, False, ("1.6", "2", "crio")),
     ],
-    ids=["auto-marked", "auto-unmarked", "only-1.6", "only-2", "both"],
+    ids=[
+        "auto-marked",
+        "auto-unmarked",
+        "auto-marked-both-and-crio",
+        "auto-marked-crio",
+        "only-1.6",
+        "only-2",
+        "only-crio",
+        "both",
+        "all",
+    ],
 )
-def test_versions_for(choice: str, marked_both: bool, versions: tuple[str, ...]) -> None:
-    assert tuple(versions_for(choice, marked_both=marked_both)) == versions
+def test_versions_for(
+    choice: str, marked_both: bool, marked_crio: bool, versions: tuple[str, ...]
+) -> None:
+    assert tuple(versions_for(choice, marked_both=marked_both, marked_crio=marked_crio)) == versions
 
 
 def test_versions_for_an_unknown_choice_names_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"choose one of auto, 1\.6, 2, both"):
+    with pytest.raises(ValueError, match=r"choose one of auto, 1\.6, 2, crio, both, all"):
         versions_for("1.7", marked_both=False)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.lab import containerd as lab
+from tests.lab import runtime_lab as lab
 
 
 @pytest.fixture

@@ -133,6 +133,22 @@ def test_an_outcome_counts_the_call_and_each_hook_run(tmp_path: Path) -> None:
     assert value(samples, refused, reason="directory") == 0  # every reason, 0 until it happens
 
 
+def test_fields_changed_after_crihook_are_counted_by_field(tmp_path: Path) -> None:
+    """proxy.readback's counts, read when scraped."""
+    chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
+    counts = {"env": 2, "cpuset_cpus": 1}
+    metrics = Metrics(
+        Sources(chain, Store(tmp_path), Readiness(), lambda: 0, lambda: 0, lambda: counts)
+    )
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    name = "crihook_fields_changed_after_crihook_total"
+    assert value(samples, name, field="env") == 2
+    assert value(samples, name, field="cpuset_cpus") == 1
+    counts["env"] += 1  # read when scraped, not when built
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    assert value(samples, name, field="env") == 3
+
+
 class _FailingBeside(Hook):
     """Counts work of its own that failed beside the calls (as koordinator's pod cgroups)."""
 

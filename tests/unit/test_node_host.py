@@ -130,6 +130,21 @@ def test_malformed_procs_names_path(tmp_path: Path) -> None:
         LinuxHost(cgroup_root=root).container_pids(CGROUPFS_PARENT, CID)
 
 
+@pytest.mark.parametrize("systemd", [False, True], ids=["cgroupfs", "systemd"])
+def test_crio_container_found_under_its_own_name(tmp_path: Path, systemd: bool) -> None:
+    """CRI-O names a container's cgroup crio-<id> (crio-<id>.scope), its conmon's
+    crio-conmon-<id> beside it: the container's processes are found, never conmon's."""
+    root = _v2_root(tmp_path)
+    parent = SYSTEMD_PARENT if systemd else CGROUPFS_PARENT
+    base = SYSTEMD_PATH.rsplit("/", 1)[0] if systemd else f"kubepods/burstable/pod{UID}"
+    suffix = ".scope" if systemd else ""
+    _procs(root / base / f"crio-conmon-{CID}{suffix}", 7)
+    _procs(root / base / f"crio-{CID}{suffix}", 8, 9)
+    host = LinuxHost(cgroup_root=root)
+    assert host.container_pids(parent, CID) == [8, 9]
+    assert host.container_cgroups(parent, CID)[1] == f"{base}/crio-{CID}{suffix}"
+
+
 @pytest.mark.parametrize(
     ("parent", "container_id", "expected"),
     [
