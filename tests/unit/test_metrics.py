@@ -138,7 +138,9 @@ def test_fields_changed_after_crihook_are_counted_by_field(tmp_path: Path) -> No
     chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
     counts = {"env": 2, "cpuset_cpus": 1}
     metrics = Metrics(
-        Sources(chain, Store(tmp_path), Readiness(), lambda: 0, lambda: 0, lambda: counts)
+        Sources(
+            chain, Store(tmp_path), Readiness(), lambda: 0, lambda: 0, changed_after=lambda: counts
+        )
     )
     samples = parse(generate_latest(_Families(metrics)).decode())
     name = "crihook_fields_changed_after_crihook_total"
