@@ -155,8 +155,10 @@ class App:
                     self.readiness,
                     lambda: self.pipeline.updater.failures,
                     lambda: self.sync.failures,
-                    lambda: {d.value: n for d, n in self.plugins.refusals.items()},
-                    lambda: self.pipeline.read_back.counts if self.pipeline.read_back else {},
+                    refused_dropins=lambda: {d.value: n for d, n in self.plugins.refusals.items()},
+                    changed_after=lambda: (
+                        self.pipeline.read_back.counts if self.pipeline.read_back else {}
+                    ),
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
