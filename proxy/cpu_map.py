@@ -383,10 +383,11 @@ def build_map(
         and c["view"]["pod_id"] not in bubbles
     )
     status = state.get("status")
-    if status is None:
+    process = state.get("process")  # the state dir's lock holder: it decides when known
+    if status is None and process is None:
         running, line = False, "crihook has not written its status here"
     else:
-        down = liveness(status)
+        down = liveness(status, process=process)
         running, line = down is None, "running" if down is None else down
     devices = tuple(
         DeviceEntry(

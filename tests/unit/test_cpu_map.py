@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from crihook.proxy.cli import main
 from crihook.proxy.cpu_map import MORE, CpuMap, MapError, build_map, load_map
 from crihook.proxy.cpu_map_cli import show_map
 from crihook.proxy.cpu_map_text import render_map, use_colour
+from crihook.proxy.state_cli import STALE_SECONDS
 from tests.lab.map_reading import drawn
 from tests.lab.sysfs import (
     EPYC_256_8NUMA,
@@ -328,6 +330,20 @@ def test_a_stopped_crihook_is_said_and_its_last_state_drawn(trees: Path) -> None
     assert not cpu_map.running
     assert cpu_map.status_line.startswith("crihook is not running: it stopped at")
     assert "A  default/db/app" in render_map(cpu_map)
+
+
+def test_a_running_crihook_whose_status_file_is_old_is_drawn_running(trees: Path) -> None:
+    """On a loaded machine status.json can be older than STALE_SECONDS; the lock's holder
+    says crihook runs, as `crihook state` has it."""
+    topo, node = busy_epyc(trees)
+    assert node.status is not None
+    node.status["updated_at"] = time.time() - 10 * STALE_SECONDS
+    state = {**node.state(), "process": {"pid": 4242}}
+    cpu_map = build_map(state, node_doc(topo, "0"))
+    assert (cpu_map.running, cpu_map.status_line) == (True, "running")
+    gone = build_map({**state, "process": {"pid": None}}, node_doc(topo, "0"))
+    assert not gone.running
+    assert gone.status_line.startswith("crihook is not running: no process holds")
 
 
 def test_the_state_dir_without_node_json_is_drawn_on_this_machine(tmp_path: Path) -> None:
