@@ -535,7 +535,7 @@ def test_with_resize_exclusive_cpus_an_exclusive_container_grows_and_shrinks_on_
 ) -> None:
     """kubelet's InPlacePodVerticalScalingExclusiveCPUs: a Guaranteed container created with
     1 CPU grows to every CPU of this machine and back to the CPU it was created with (never
-    below it: checked on the fixtures); half a CPU is refused, and a resize containerd refuses
+    below it: checked on the fixtures); half a CPU is refused, and a resize the runtime refuses
     leaves its CPUs as they were."""
     proc = start_crihook("[hooks.cpuset]\nresize_exclusive_cpus = true\n")
     online = topology.online
@@ -562,33 +562,35 @@ def test_with_resize_exclusive_cpus_an_exclusive_container_grows_and_shrinks_on_
         assert "by whole CPUs only" in (info.value.details() or "")
         assert cpuset_cpus(handle, cid) == online
 
-        update_resources(kubelet, handle, cid)  # back to 1 CPU: the one it was created with
-        assert cpuset_cpus(handle, cid) == held
-        assert cpus_allowed_of_pid(pid) == held
-
-        # containerd refuses a resize (runc: "cannot use unified on cgroup v1", a field
-        # crihook's door does not judge): the cpuset hook had moved it in its pre stage, and
-        # takes it back.
-        with pytest.raises(grpc.RpcError) as info:
-            update_resources(
-                kubelet,
-                handle,
-                cid,
-                cpu_shares=count * 1024,
-                cpu_quota=count * 100_000,
-                cpu_period=100_000,
-                unified={"memory.high": "max"},
-            )
+        # The runtime refuses a resize, under containerd and CRI-O alike: a cgroup below the
+        # container's holds the CPUs it would give up, so runc cannot narrow its cpuset (EBUSY),
+        # a refusal crihook's door cannot foresee. The cpuset hook had moved it in its pre
+        # stage, and takes it back.
+        pin = CGROUP / "cpuset" / cgroups.container_cgroup(handle.cgroup_parent, cid).lstrip("/")
+        pin = pin / "crihook-test-pin"
+        pin.mkdir()
+        try:
+            (pin / "cpuset.mems").write_text((pin.parent / "cpuset.mems").read_text())
+            (pin / "cpuset.cpus").write_text(format_cpu_list(online - held))
+            with pytest.raises(grpc.RpcError) as info:
+                update_resources(kubelet, handle, cid)  # back to 1 CPU
+        finally:
+            pin.rmdir()
         assert info.value.code() not in (
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.INVALID_ARGUMENT,  # refused by the runtime, not by crihook
         ), info.value.details()
         state = state_when(
-            proc, "cpuset", lambda s: s[f"c:{cid}"]["cpus"] == format_cpu_list(held), "put back"
+            proc, "cpuset", lambda s: s[f"c:{cid}"]["cpus"] == format_cpu_list(online), "put back"
         )
-        assert state[f"c:{cid}"]["cpus"] == format_cpu_list(held)
-        # kubelet's revert, which follows a failed update, puts it right (also where runc had
-        # applied part of the resize before it failed).
+        assert (state[f"c:{cid}"]["cpus"], state[f"c:{cid}"]["promised"]) == (
+            format_cpu_list(online),
+            format_cpu_list(held),
+        )
+        assert cpuset_cpus(handle, cid) == online
+
+        # kubelet's retry, with nothing below the container now: back to the CPU it was
+        # created with.
         update_resources(kubelet, handle, cid)
         assert cpuset_cpus(handle, cid) == held
         assert cpus_allowed_of_pid(pid) == held
