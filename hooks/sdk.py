@@ -34,7 +34,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -58,7 +58,7 @@ from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, Rpc
 from crihook.hooks.spec.adjustment import Adjustment
 from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage, stage_method_name
-from crihook.hooks.spec.hook import Hook, HookContext, SyncContext, subscriptions_of
+from crihook.hooks.spec.hook import DictState, Hook, HookContext, SyncContext, subscriptions_of
 from crihook.hooks.spec.views import ContainerState, ContainerView, PodView
 
 __all__ = ["MemoryState", "PluginServer", "run", "serve"]
@@ -78,23 +78,8 @@ _RESPONSES: dict[Event, type[Message]] = {e: getattr(api_pb2, f"{e.value}Respons
 StageMethod = Callable[[HookContext], Coroutine[Any, Any, Any]]
 
 
-class MemoryState:
+class MemoryState(DictState):
     """A HookState kept in memory: it lasts as long as the plugin process."""
-
-    def __init__(self) -> None:
-        self._data: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def set(self, key: str, value: Any) -> None:
-        self._data[key] = value
-
-    def delete(self, key: str) -> None:
-        self._data.pop(key, None)
-
-    def items(self) -> Iterator[tuple[str, Any]]:
-        return iter(list(self._data.items()))
 
 
 class _ViewCache:

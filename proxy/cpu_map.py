@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from crihook.hooks.node import Topology, TopologyError, format_cpu_list, parse_cpu_list
+from crihook.hooks.spec.hook import DictState
 from crihook.proxy.node_doc import NODE_FILE
 from crihook.proxy.state_cli import liveness, load_state
 
@@ -264,26 +265,6 @@ def load_map(state_dir: Path, sysfs_root: Path = Path("/sys")) -> CpuMap:
     return build_map(state, node, fallback)
 
 
-class _ReadState:
-    """A hook's state as the hook's own code reads it (`HookState`), detached from the file:
-    what the reading drops stays on disk."""
-
-    def __init__(self, data: Mapping[str, Any]) -> None:
-        self._data = dict(data)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def set(self, key: str, value: Any) -> None:
-        self._data[key] = value
-
-    def delete(self, key: str) -> None:
-        self._data.pop(key, None)
-
-    def items(self) -> Iterator[tuple[str, Any]]:
-        return iter(list(self._data.items()))
-
-
 @dataclass
 class _Draft:
     """A holding being put together from the hooks' states."""
@@ -456,7 +437,7 @@ def _cpus(
         if not hook:
             return None, frozenset(), False, topo.online, set()
         reserved, strict = frozenset(), False
-    pool = CpuPool(topo, reserved, _ReadState(hooks.get(hook) or {}), strict_reservation=strict)
+    pool = CpuPool(topo, reserved, DictState(hooks.get(hook) or {}), strict_reservation=strict)
     dropped = pool.load()
     if dropped:
         notes.append(f"unreadable {hook} state entries left out: {', '.join(sorted(dropped))}")

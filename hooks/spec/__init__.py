@@ -19,6 +19,7 @@ from crihook.hooks.spec.events import Event, Stage, stage_method_name
 from crihook.hooks.spec.hints import ResourceHints, TopologyHint
 from crihook.hooks.spec.hook import (
     ChainHook,
+    DictState,
     Hook,
     HookContext,
     HookState,
@@ -45,6 +46,7 @@ __all__ = [
     "ContainerUpdate",
     "ContainerView",
     "Device",
+    "DictState",
     "Event",
     "Field",
     "FieldKey",

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the s
 
 __all__ = [
     "ChainHook",
+    "DictState",
     "Hook",
     "HookContext",
     "HookState",
@@ -63,6 +64,26 @@ class HookState(Protocol):
     def set(self, key: str, value: Any) -> None: ...
     def delete(self, key: str) -> None: ...
     def items(self) -> Iterator[tuple[str, Any]]: ...
+
+
+class DictState:
+    """A HookState held in a dict and never persisted: an SDK plugin's state (it lasts as
+    long as the process), or a copy of a hook's state read from disk."""
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = dict(data or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self._data[key] = value
+
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self._data.items()))
 
 
 class RuntimeQueries(Protocol):
