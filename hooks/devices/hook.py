@@ -263,6 +263,9 @@ class DevicesHook(Hook):
         self.book.confirm(ctx.pod.id, container.name, cid)
         staged = self.staged.pending(ctx.pod.id, container.name, container.attempt)
         if staged is not None:
+            earlier = self.staged.of_container(cid)
+            if earlier is not None:  # an id handed out again: the container that had it is gone
+                await self._release(earlier)
             self.staged.confirm(staged, cid)
         return None
 

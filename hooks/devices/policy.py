@@ -24,10 +24,10 @@ A request is checked where it leads on this host: a path must match the allowlis
 asked and once every symlink, `.` and `..` is resolved. The hook then pins what the resolved
 path is (`crihook.hooks.node.staging`): the runtime is given a staged copy, which a later
 swap of the host path cannot change. A device must be a character or block device node (a
-directory would give the container every device below it); its type, major and minor are the host's. A pooled device
-is never given by path, only through its pool. A refusal says what was refused and why:
-malformed or missing → InvalidRequest (INVALID_ARGUMENT), not allowed → Forbidden
-(PERMISSION_DENIED).
+directory would give the container every device below it); its type, major and minor are
+the host's. A pooled device is never given by path, only through its pool. A refusal says
+what was refused and why: malformed or missing → InvalidRequest (INVALID_ARGUMENT), not
+allowed → Forbidden (PERMISSION_DENIED).
 """
 
 from __future__ import annotations
