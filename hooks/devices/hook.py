@@ -30,8 +30,9 @@ Exempt pods are not called: what they ask for is not injected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, PodAsks
@@ -291,8 +292,8 @@ class DevicesHook(Hook):
         except OSError as exc:
             await self._release(entry)
             raise InvalidRequest(
-                f"{_pod(pod)} {container.name}: {exc.strerror or exc} (a host path changed "
-                "after it was checked; nothing was mounted)"
+                f"{exc.strerror or exc} (it changed on the host after it was checked; "
+                "nothing was mounted)"
             ) from None
         except BaseException:
             await self._release(entry)
@@ -300,14 +301,13 @@ class DevicesHook(Hook):
 
     def _pin_all(self, key: str, granted: Granted) -> tuple[list[str], list[str]]:
         pins = self.pins
-        devices = [
-            pins.pin_device(key, staged_name("d", i), path, node)
-            for i, (_, path, node) in enumerate(granted.devices)
-        ]
-        mounts = [
-            pins.pin_mount(key, staged_name("m", i), path, mount.readonly)
-            for i, (mount, path) in enumerate(granted.mounts)
-        ]
+        devices, mounts = [], []
+        for i, (device, path, node) in enumerate(granted.devices):
+            with _naming(device.source, "device", path):
+                devices.append(pins.pin_device(key, staged_name("d", i), path, node))
+        for i, (mount, path) in enumerate(granted.mounts):
+            with _naming(mount.source, "host path", path):
+                mounts.append(pins.pin_mount(key, staged_name("m", i), path, mount.readonly))
         return devices, mounts
 
     async def _release(self, entry: StagedEntry) -> None:
@@ -514,6 +514,15 @@ def pooled_index(policy: DevicePolicy, files: HostFiles) -> PooledIndex:
                     continue
                 by_node[node] = owner
     return PooledIndex(by_path, by_node)
+
+
+@contextlib.contextmanager
+def _naming(source: str, what: str, path: str) -> Iterator[None]:
+    """An OSError of pinning `path`, its message naming the annotation and the path."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, f"{source}: {what} {path}: {exc.strerror or exc}") from None
 
 
 def _width(hint: Any) -> tuple[int, int]:

@@ -167,8 +167,10 @@ class StagingBook:
             if entry.container not in by_id:
                 gone.append(entry)
         known = set(self.entries)
-        kept_pods = {e.pod for e in self.entries.values() if e not in gone}
+        leaving = {e.key for e in gone}
+        kept_pods = {e.pod for e in self.entries.values() if e.key not in leaving}
         strays = [k for k in staged if k not in known and not ("/" not in k and k in kept_pods)]
+        strays += sorted({e.pod for e in gone} - kept_pods - set(strays))  # emptied: its dir
         return gone, strays
 
     def _index(self, entry: StagedEntry) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from crihook.hooks.node.staging import LinuxStaging
 from crihook.proxy.config import ServerSettings
 from crihook.proxy.state_cli import load_state
 
@@ -67,7 +68,25 @@ def clean_up_after(mark: tuple[int, int] = (0, 0)) -> None:
     while len(_STARTED) > procs:
         _STARTED.pop().kill()
     while len(_CREATED) > dirs:
-        shutil.rmtree(_CREATED.pop(), ignore_errors=True)
+        path = _CREATED.pop()
+        release_staging(staging_dir_of(path))
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def staging_dir_of(workdir: Path) -> Path:
+    """Where a crihook of `workdir` pins host paths (`--staging-dir`): beside the workdir, not
+    in it, so that removing a workdir never reaches into a bind mount of a host tree."""
+    return Path(f"{workdir}-staging")
+
+
+def release_staging(staging_dir: Path) -> None:
+    """Unmount and remove what a crihook left staged (killed before its pods were removed)."""
+    if not staging_dir.is_dir():
+        return
+    staging = LinuxStaging(str(staging_dir))
+    for pod in sorted({key.split("/")[0] for key in staging.keys()}):
+        staging.release(pod)
+    staging_dir.rmdir()
 
 
 PATIENCE = 120.0
@@ -103,6 +122,7 @@ class CrihookProcess:
         self.plugins_dir = self.workdir / "hooks.d"
         self.plugins_dir.mkdir(exist_ok=True)
         self.log_path = self.workdir / "crihook.log"
+        self.staging_dir = staging_dir_of(self.workdir)
         self.runtime_endpoint = runtime_endpoint
         self.args = list(args)
         self.config_path: Path | None = None
@@ -134,6 +154,8 @@ class CrihookProcess:
             "debug",
             "--data-path",
             self.data_path,
+            "--staging-dir",
+            str(self.staging_dir),
         ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]
