@@ -36,6 +36,7 @@ from typing import Protocol
 
 from crihook.hooks.node.files import DeviceNode
 from crihook.hooks.node.mounts import parse_mountinfo
+from crihook.hooks.node.mounts import unescape_mountinfo as _unescape
 
 __all__ = [
     "DEFAULT_STAGING_ROOT",
@@ -43,6 +44,7 @@ __all__ = [
     "Staging",
     "mount_points_below",
     "open_no_symlinks",
+    "propagation_of",
     "staged_name",
 ]
 
@@ -139,6 +141,25 @@ def mount_points_below(mountinfo: str, base: str) -> list[str]:
     """Mount points at or below `base`, deepest first."""
     inside = [p for p in parse_mountinfo(mountinfo) if p == base or p.startswith(base + "/")]
     return sorted(inside, key=lambda p: (-p.count("/"), p))
+
+
+def propagation_of(mountinfo: str, path: str) -> tuple[str, tuple[str, ...]]:
+    """The mount `path` lies on (the deepest mount point above it; of several mounts on one
+    point, the last) and its propagation tags from mountinfo's optional fields: `shared:N`
+    (mounts made below it reach its peers: the host's namespace for a Bidirectional mount),
+    `master:N` (a slave: they reach nobody), none (private)."""
+    found: tuple[str, tuple[str, ...]] = ("/", ())
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        try:
+            separator = fields.index("-", 6)
+        except ValueError:
+            continue
+        point = _unescape(fields[4])
+        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(found[0]):
+            found = (point, tuple(fields[6:separator]))
+    return found
 
 
 class LinuxStaging:

@@ -30,7 +30,7 @@ def host(tmp_path: Path) -> Iterator[tuple[LinuxStaging, Path]]:
     try:
         yield staging, tmp_path / "src"
     finally:
-        for key in staging.keys():
+        for key in staging.keys():  # noqa: SIM118 - a method, not a dict
             staging.release(key.split("/")[0])
         assert mounted_below(tmp_path) == []
 

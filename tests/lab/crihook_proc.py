@@ -84,7 +84,7 @@ def release_staging(staging_dir: Path) -> None:
     if not staging_dir.is_dir():
         return
     staging = LinuxStaging(str(staging_dir))
-    for pod in sorted({key.split("/")[0] for key in staging.keys()}):
+    for pod in sorted({key.split("/")[0] for key in staging.keys()}):  # noqa: SIM118
         staging.release(pod)
     staging_dir.rmdir()
 

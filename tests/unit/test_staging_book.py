@@ -13,10 +13,13 @@ from typing import Any, NamedTuple
 import pytest
 
 from crihook.hooks.devices import DevicesHook
+from crihook.hooks.devices.host import DeviceNode
 from crihook.hooks.devices.staged import StagingBook, container_key
 from crihook.hooks.node.staging import mount_points_below, open_no_symlinks
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import ContainerView, InvalidRequest
+from crihook.proxy.check import staging_findings
+from crihook.proxy.config import Settings, apply_flags
 from tests.lab.kubelet_encoding import PodSpec
 from tests.unit.devices_fakes import FakeFiles
 from tests.unit.hook_harness import SMALL, Node, burstable, topology_of
@@ -200,8 +203,6 @@ ANNOTATIONS = {
 
 
 def files() -> FakeFiles:
-    from crihook.hooks.devices.host import DeviceNode
-
     return FakeFiles(
         nodes={"/dev/fuse": DeviceNode("c", 10, 229)},
         links={"/srv/models/b": "/srv/models/b.real"},
@@ -281,3 +282,66 @@ async def test_a_release_that_fails_keeps_the_key_for_the_next_start() -> None:
     node.staging.fail_release.clear()
     await node.sync()  # the runtime has no c1: released now
     assert staged_keys(node) == [] and node.staging.source == {}
+
+
+# --- crihook check: the staging directory's propagation ----------------------------------------
+
+PROPAGATION = {
+    "host-shared": (
+        "22 1 252:1 / / rw shared:1 - ext4 /dev/vda rw\n"
+        "25 22 0:23 / /run rw,nosuid shared:5 - tmpfs tmpfs rw\n",
+        "ok", "/run, shared:5",
+    ),
+    "bidirectional": (
+        "900 800 0:50 / / rw master:1 - overlay overlay rw\n"
+        "901 900 0:23 /crihook /run/crihook rw shared:5 master:5 - tmpfs tmpfs rw\n",
+        "ok", "/run/crihook, shared:5",
+    ),
+    "host-to-container": (
+        "900 800 0:50 / / rw master:1 - overlay overlay rw\n"
+        "901 900 0:23 /crihook /run/crihook rw master:5 - tmpfs tmpfs rw\n",
+        "error", "slave mount (HostToContainer)",
+    ),
+    "none": (
+        "900 800 0:50 / / rw - overlay overlay rw\n"
+        "901 900 0:23 /crihook /run/crihook rw - tmpfs tmpfs rw\n",
+        "warning", "a private mount",
+    ),
+    "prefix-twin-is-not-above": (
+        "22 1 252:1 / / rw - ext4 /dev/vda rw\n"
+        "26 22 0:24 / /run/crihook/mountsX rw shared:7 - tmpfs t rw\n",
+        "warning", "is on /, a private mount",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mountinfo", "level", "fragment"), PROPAGATION.values(), ids=PROPAGATION.keys()
+)
+def test_check_says_whether_staging_mounts_reach_the_runtime(
+    mountinfo: str, level: str, fragment: str, tmp_path: Path
+) -> None:
+    settings = apply_flags(Settings(), {"hooks": "devices", "staging_dir": "/run/crihook/mounts"})
+    [finding] = staging_findings(settings, mountinfo)
+    assert (finding.level.value, finding.topic) == (level, "staging")
+    assert fragment in finding.message
+    if level != "ok":
+        assert "Bidirectional" in finding.message
+
+
+def test_check_says_nothing_of_staging_without_the_devices_hook() -> None:
+    settings = apply_flags(Settings(), {"hooks": "oom"})
+    assert staging_findings(settings, PROPAGATION["none"][0]) == []
+
+
+def test_check_refuses_a_staging_directory_others_may_write(tmp_path: Path) -> None:
+    (tmp_path / "mounts").mkdir(mode=0o777)
+    os.chmod(tmp_path / "mounts", 0o777)
+    settings = apply_flags(
+        Settings(), {"hooks": "devices", "staging_dir": str(tmp_path / "mounts")}
+    )
+    found = staging_findings(settings, PROPAGATION["host-shared"][0])
+    assert [(f.level.value, "mode 0777" in f.message) for f in found] == [
+        ("ok", False),
+        ("error", True),
+    ]
