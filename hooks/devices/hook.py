@@ -242,19 +242,25 @@ class DevicesHook(Hook):
                 check_ask, self.policy, ctx.pod.namespace, ask, self.files, self._pooled
             )
         adjustment = Adjustment()
+        staged: StagedEntry | None = None
         if granted.devices or granted.mounts:
-            devices, mounts = await self._pin(ctx.pod, container, granted)
-            for device, staged in zip(granted.devices, devices, strict=True):
-                adjustment.add_device(device[0].container_path, staged, device[0].permissions)
-            for mount, staged in zip(granted.mounts, mounts, strict=True):
-                adjustment.add_mount(mount[0].container_path, staged, readonly=mount[0].readonly)
+            staged, devices, mounts = await self._pin(ctx.pod, container, granted)
+            for device, path in zip(granted.devices, devices, strict=True):
+                adjustment.add_device(device[0].container_path, path, device[0].permissions)
+            for mount, path in zip(granted.mounts, mounts, strict=True):
+                adjustment.add_mount(mount[0].container_path, path, readonly=mount[0].readonly)
         for entry in granted.env:
             adjustment.set_env(entry.name, entry.value)
         if ask.pools:
-            reusable = await self._reusable(ctx.pod, container)
-            # From here on nothing awaits: the pick and the reservation see one book.
-            self._finished.pop(ctx.pod.id, None)
-            self._add_pooled(ctx, container, ask, adjustment, reusable)
+            try:
+                reusable = await self._reusable(ctx.pod, container)
+                # From here on nothing awaits: the pick and the reservation see one book.
+                self._finished.pop(ctx.pod.id, None)
+                self._add_pooled(ctx, container, ask, adjustment, reusable)
+            except BaseException:
+                if staged is not None:  # a refusal leaves nothing staged
+                    await self._release(staged)
+                raise
         return adjustment
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
@@ -282,22 +288,26 @@ class DevicesHook(Hook):
     # --- pinning what was checked ------------------------------------------------------------
     async def _pin(
         self, pod: PodView, container: ContainerView, granted: Granted
-    ) -> tuple[list[str], list[str]]:
+    ) -> tuple[StagedEntry, list[str], list[str]]:
         """The staged paths of the granted devices and mounts (`staging`): what the runtime
         gets instead of the host paths. Saved (pending) before anything is mounted; a path
         that changed since it was checked is refused, and nothing stays staged."""
         entry = self.staged.stage(pod.id, container.name, container.attempt)
+        pinning = asyncio.ensure_future(asyncio.to_thread(self._pin_all, entry.key, granted))
         try:
-            return await asyncio.to_thread(self._pin_all, entry.key, granted)
+            devices, mounts = await asyncio.shield(pinning)
         except OSError as exc:
             await self._release(entry)
             raise InvalidRequest(
                 f"{exc.strerror or exc} (it changed on the host after it was checked; "
                 "nothing was mounted)"
             ) from None
-        except BaseException:
+        except BaseException:  # cancelled: the thread mounts on; released once it is done
+            with contextlib.suppress(Exception):
+                await pinning
             await self._release(entry)
             raise
+        return entry, devices, mounts
 
     def _pin_all(self, key: str, granted: Granted) -> tuple[list[str], list[str]]:
         pins = self.pins

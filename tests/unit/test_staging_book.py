@@ -345,3 +345,21 @@ def test_check_refuses_a_staging_directory_others_may_write(tmp_path: Path) -> N
         ("ok", False),
         ("error", True),
     ]
+
+
+async def test_a_pool_that_refuses_after_the_pins_leaves_nothing_staged() -> None:
+    pools = {"gpu": {"devices": [{"id": "0", "path": "/dev/fuse"}]}}
+    node = Node(
+        DevicesHook({**POLICY, "devices": [], "pools": pools}, files=files()), topology_of(SMALL)
+    )
+    await node.sync()
+    annotations = {
+        "mounts.crihook.io/container.app": json.dumps({"/srv/models/a": "/a"}),
+        "pools.crihook.io/container.app": json.dumps({"gpu": 2}),
+    }
+    spec = PodSpec("p1", namespace="ml", containers=[burstable("app")], annotations=annotations)
+    pod = await node.run_pod(spec, "p1")
+    with pytest.raises(InvalidRequest, match="2 device"):
+        await node.begin_create(pod, burstable("app"))
+    assert node.staging.done == [("pin", "/staged/p1/app.0/m0"), ("release", "p1/app.0")]
+    assert node.staging.source == {} and staged_keys(node) == []
