@@ -208,6 +208,49 @@ def test_no_container_sees_the_target_while_the_path_is_swapped_as_pods_start(
         assert all(f"{tree}/race" in r for r in refused), refused
 
 
+def test_a_pod_with_a_writable_mount_of_the_tree_cannot_swap_another_pods_mount(
+    containerd: RuntimeLab, start_crihook: Start, tree: Path, pod_cleanup: PodCleanup
+) -> None:
+    proc = start_crihook()
+    shared = tree / "shared"  # the attacker's writable mount: allowed by `<tree>/**`
+    (shared / "race").mkdir(parents=True)
+    (shared / "race" / "marker").write_text(MARKER)
+    writable = json.dumps([{"host_path": str(shared), "container_path": "/shared",
+                            "readonly": False}])  # fmt: skip
+    # The swap, from inside: the symlink's /etc is the host's once runc follows it there.
+    # A symlink for ~2 ms in every ~12: most creates find the directory, and run into a swap.
+    loop = (
+        "cd /shared; while true; do mv race race.d && ln -s /etc race && usleep 2000; "
+        "rm race && mv race.d race; usleep 10000; done"
+    )
+    attacker = PodSpec(
+        name="swapper",
+        namespace="ml-attacker",
+        annotations={"mounts.crihook.io/pod": writable},
+        containers=[ContainerSpec(name="app", command=["sh", "-c", loop])],
+    )
+    started: list[str] = []
+    refused: list[str] = []
+    with kubelet_for(proc, containerd) as kubelet:
+        swapper = pod_cleanup.add(kubelet.run_pod(attacker))
+        try:
+            for i in range(RACED_PODS):
+                try:
+                    handle = pod_cleanup.add(kubelet.run_pod(pod_spec(f"victim-{i}", shared)))
+                except PodStartError as exc:
+                    if exc.handle is not None:
+                        pod_cleanup.add(exc.handle)
+                    refused.append(str(exc))
+                    continue
+                started.append(handle.container_ids["app"])
+        finally:
+            kubelet.remove_pod(swapper)  # the swapping stops
+        assert started, f"every pod was refused: {refused}"
+        saw = {cid[:12]: seen(kubelet, cid) for cid in started}
+        assert {c: s for c, s in saw.items() if s != "marker\n"} == {}
+        assert all(f"{shared}/race" in r for r in refused), refused
+
+
 # --- staging mounts go with what they were made for ----------------------------------------------
 
 
