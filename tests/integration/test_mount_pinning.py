@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -54,7 +55,10 @@ def start_crihook(containerd: RuntimeLab, tree: Path) -> Iterator[Start]:
     """`start()`: crihook with the devices hook allowing `<tree>/**` read-write to `ml-*`;
     `start(workdir=...)` again on the same state and staging directory."""
     procs: list[CrihookProcess] = []
-    config = f'[hooks.devices]\nnamespaces = ["ml-*"]\nwritable_mounts = ["{tree}/**"]\n'
+    config = (
+        f'[hooks.devices]\nnamespaces = ["ml-*"]\nwritable_mounts = ["{tree}/**"]\n'
+        f'devices = ["{tree}/dev/*"]\n'
+    )
 
     def start(workdir: Path | None = None) -> CrihookProcess:
         proc = CrihookProcess(
@@ -249,6 +253,29 @@ def test_a_pod_with_a_writable_mount_of_the_tree_cannot_swap_another_pods_mount(
         saw = {cid[:12]: seen(kubelet, cid) for cid in started}
         assert {c: s for c, s in saw.items() if s != "marker\n"} == {}
         assert all(f"{shared}/race" in r for r in refused), refused
+
+
+def test_a_device_node_swapped_after_create_changes_nothing(
+    containerd: RuntimeLab, start_crihook: Start, tree: Path, pod_cleanup: PodCleanup
+) -> None:
+    """The runtime reads a device's numbers at CreateContainer (into the OCI spec; runc makes
+    the node from them): a swap after it is too late, pinned or not. The pin closes the
+    window before it, between crihook's check and the runtime's own look."""
+    proc = start_crihook()
+    (tree / "dev").mkdir()
+    node = tree / "dev" / "dev0"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    asked = json.dumps([{"path": str(node), "container_path": "/dev/asked"}])
+    spec = PodSpec(name="device", namespace="ml-test", containers=[],
+                   annotations={"devices.crihook.io/pod": asked})  # fmt: skip
+    with kubelet_for(proc, containerd) as kubelet:
+        handle = pod_cleanup.add(kubelet.run_pod(spec))
+        cid = create(kubelet, handle, app())
+        os.unlink(node)
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's, swapped in
+        start(kubelet, cid)
+        out = kubelet.exec_sync(cid, ["stat", "-c", "%t:%T", "/dev/asked"])
+        assert out.stdout.decode().strip() == "1:3"
 
 
 # --- staging mounts go with what they were made for ----------------------------------------------
