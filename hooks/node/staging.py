@@ -14,8 +14,9 @@ checks the path (`HostFiles.resolve`, the allowlist), then asks `Staging` to pin
   onto `<root>/<key>/<name>`, then made read-only when asked, keeping the source's
   nosuid/nodev/noexec; the runtime is given that path, in a directory only root can write;
 - a device node: its type, major and minor are read from the descriptor and must be the
-  checked ones; a node with those numbers is made at `<root>/<key>/<name>` for the runtime
-  to read them from (containerd and CRI-O stat the host path when they create the container).
+  checked ones; a node with those numbers, mode and owner is made at `<root>/<key>/<name>`
+  for the runtime to read them from (containerd and CRI-O stat the host path when they
+  create the container, and give the container's node what they read).
 
 `release(key)` unmounts everything under `<root>/<key>` and removes what pinning made there:
 empty mount points and device nodes. It never deletes anything else: a directory that is
@@ -206,7 +207,12 @@ class LinuxStaging:
         if found != node:
             raise OSError(errno.ESTALE, f"{path} is {found or 'not a device node'} now, not {node}")
         target = self._target(key, name)
+        # The runtime copies the node's mode and owner into the container's node (OCI
+        # fileMode, uid, gid) as it copies its numbers: all as the host's. Only root can
+        # reach it here (the directories above are root's, 0700).
         os.mknod(target, stat.S_IFMT(st.st_mode) | 0o600, st.st_rdev)
+        os.chown(target, st.st_uid, st.st_gid)
+        os.chmod(target, stat.S_IMODE(st.st_mode))
         return target
 
     def _open_checked(self, path: str) -> int:

@@ -265,6 +265,7 @@ def test_a_device_node_swapped_after_create_changes_nothing(
     (tree / "dev").mkdir()
     node = tree / "dev" / "dev0"
     os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    os.chmod(node, 0o666)
     asked = json.dumps([{"path": str(node), "container_path": "/dev/asked"}])
     spec = PodSpec(name="device", namespace="ml-test", containers=[],
                    annotations={"devices.crihook.io/pod": asked})  # fmt: skip
@@ -274,8 +275,8 @@ def test_a_device_node_swapped_after_create_changes_nothing(
         os.unlink(node)
         os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's, swapped in
         start(kubelet, cid)
-        out = kubelet.exec_sync(cid, ["stat", "-c", "%t:%T", "/dev/asked"])
-        assert out.stdout.decode().strip() == "1:3"
+        out = kubelet.exec_sync(cid, ["stat", "-c", "%t:%T %a", "/dev/asked"])
+        assert out.stdout.decode().strip() == "1:3 666"  # the host node's, mode included
 
 
 # --- staging mounts go with what they were made for ----------------------------------------------

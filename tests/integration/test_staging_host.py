@@ -108,10 +108,14 @@ def test_a_device_is_made_with_the_numbers_of_the_opened_node(
     host: tuple[LinuxStaging, Path],
 ) -> None:
     staging, src = host
-    os.mknod(src / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mknod(src / "null", 0o640 | stat.S_IFCHR, os.makedev(1, 3))
+    os.chmod(src / "null", 0o640)
+    os.chown(src / "null", 0, 5)
     staged = staging.pin_device("p1/app.0", "d0", f"{src}/null", DeviceNode("c", 1, 3))
     st = os.lstat(staged)
     assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    # The runtime gives the container's node the mode and owner it reads: the host node's.
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, 5)
     with pytest.raises(OSError) as info:  # swapped for another node since the check
         staging.pin_device("p1/app.0", "d1", f"{src}/null", DeviceNode("c", 1, 1))
     assert info.value.errno == errno.ESTALE
