@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -66,17 +67,20 @@ def clean_up_after(mark: tuple[int, int] = (0, 0)) -> None:
     test that failed between start and its `with` block leaves no server behind."""
     dirs, procs = mark
     while len(_STARTED) > procs:
-        _STARTED.pop().kill()
+        proc = _STARTED.pop()
+        proc.kill()
+        release_staging(proc.staging_dir)
     while len(_CREATED) > dirs:
-        path = _CREATED.pop()
-        release_staging(staging_dir_of(path))
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(_CREATED.pop(), ignore_errors=True)
 
 
 def staging_dir_of(workdir: Path) -> Path:
-    """Where a crihook of `workdir` pins host paths (`--staging-dir`): beside the workdir, not
-    in it, so that removing a workdir never reaches into a bind mount of a host tree."""
-    return Path(f"{workdir}-staging")
+    """Where a crihook of `workdir` pins host paths (`--staging-dir`): the same for every
+    crihook started on that workdir (a restart finds its mounts), and outside every workdir
+    and temp tree a test removes, so that removing one never reaches into a bind mount of a
+    host tree. Released when the test that started the crihook ends (`clean_up_after`)."""
+    digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:12]
+    return Path(f"/tmp/ch-staging-{digest}")
 
 
 def release_staging(staging_dir: Path) -> None:
