@@ -34,9 +34,11 @@ from crihook.hooks.node import (
     LinuxFiles,
     LinuxHost,
     LinuxPodCgroups,
+    LinuxStaging,
     Netlink,
     PodCgroups,
     PyrouteNetlink,
+    Staging,
     Topology,
     TopologyError,
 )
@@ -60,6 +62,7 @@ from crihook.proxy.observe import (
     ObservedHost,
     ObservedNetlink,
     ObservedQueries,
+    ObservedStaging,
 )
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
@@ -117,12 +120,14 @@ class App:
         files: HostFiles = LinuxFiles()
         cgroups: PodCgroups = LinuxPodCgroups()
         netlink: Netlink = PyrouteNetlink()
+        staging: Staging = LinuxStaging(str(settings.node.staging_dir))
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
             netlink = ObservedNetlink(netlink)
+            staging = ObservedStaging(staging)
             queries = ObservedQueries(queries)  # delegates what it does not observe
             self.recorder = Recorder(
                 settings.record,
@@ -145,6 +150,7 @@ class App:
             files=files,
             cgroups=cgroups,
             netlink=netlink,
+            staging=staging,
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:

@@ -4,6 +4,9 @@ It takes the flags `crihook serve` takes, and:
 
 - validates the settings (config file and flags), the in-process hooks they name, the node
   topology (`--sysfs-root`) and the plugin drop-ins;
+- with the devices hook: that its staging directory (`[node] staging_dir`) is on a shared
+  mount, so the bind mounts it makes there reach the runtime (a DaemonSet needs /run/crihook
+  mounted Bidirectional), and that only root may write there;
 - reaches the runtime (CRI Version, Status with verbose info, RuntimeConfig) and reports its
   name, version, cgroup driver, and the node's cgroup version;
 - reads kubelet's settings when given (`--kubelet-config FILE`, `--kubelet-flags "ARGS"`) and
@@ -21,6 +24,8 @@ import argparse
 import asyncio
 import enum
 import json
+import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,7 @@ from google.protobuf.message import DecodeError
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import cgroup_version
+from crihook.hooks.node.staging import propagation_of
 from crihook.hooks.remote.client import check_socket
 from crihook.proxy.app import read_topology
 from crihook.proxy.config import (
@@ -70,6 +76,7 @@ __all__ = [
     "check_command",
     "exit_code",
     "kubelet_findings",
+    "staging_findings",
 ]
 
 RUNTIME_TIMEOUT_SECONDS = 5.0
@@ -106,6 +113,7 @@ def check_command(args: argparse.Namespace, out: TextIO) -> int:
     if settings is not None:
         findings += _node_findings(settings)
         findings += _hook_findings(settings)
+        findings += staging_findings(settings, _mountinfo())
         findings += dropin_findings(settings)
         driver = asyncio.run(_runtime_findings(settings, findings))
     else:
@@ -190,6 +198,73 @@ def _hook_findings(settings: Settings) -> list[Finding]:
             state = "" if hook.enabled else " (disabled)"
             found.append(Finding(Level.OK, f"hook {hook.name}", f"builds{state}"))
     return found
+
+
+def staging_findings(settings: Settings, mountinfo: str) -> list[Finding]:
+    """Where the devices hook pins host paths: the mounts it makes there must reach the
+    runtime's mount namespace (a shared mount; in a DaemonSet, a Bidirectional hostPath), and
+    only root may write there."""
+    if not any(h.base_name == "devices" and h.enabled for h in settings.chain.hooks):
+        return []
+    topic = "staging"
+    directory = str(settings.node.staging_dir)
+    point, tags = propagation_of(mountinfo, directory)
+    fix = (
+        "mount /run/crihook into crihook's container with mountPropagation: Bidirectional "
+        "(docs/install.md), or set [node] staging_dir on a shared mount"
+    )
+    found: list[Finding] = []
+    shared = [t for t in tags if t.startswith("shared:")]
+    if shared:
+        found.append(
+            Finding(
+                Level.OK, topic, f"{directory} is on {point}, {shared[0]}: its mounts propagate"
+            )
+        )
+    elif any(t.startswith("master:") for t in tags):
+        found.append(
+            Finding(
+                Level.ERROR,
+                topic,
+                f"{directory} is on {point}, a slave mount (HostToContainer): the mounts the "
+                f"devices hook makes there never reach the runtime, whose containers would "
+                f"get empty directories instead of the host paths; {fix}",
+            )
+        )
+    else:
+        found.append(
+            Finding(
+                Level.WARNING,
+                topic,
+                f"{directory} is on {point}, a private mount: the mounts the devices hook "
+                f"makes there are seen only in crihook's mount namespace, right on a host "
+                f"install whose runtime shares it, wrong in a container; {fix}",
+            )
+        )
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return found  # made at the first pin, root's and 0711
+    except OSError as exc:
+        return [*found, Finding(Level.ERROR, topic, f"cannot stat {directory}: {exc.strerror}")]
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        found.append(
+            Finding(
+                Level.ERROR,
+                topic,
+                f"{directory} is owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
+                "only root may write where checked host paths are pinned",
+            )
+        )
+    return found
+
+
+def _mountinfo() -> str:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except OSError:
+        return ""  # no /proc: the staging directory's mount is reported as "/" (private)
 
 
 def dropin_findings(settings: Settings) -> list[Finding]:

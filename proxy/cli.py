@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the node topology is read: <root>/devices/system/{cpu,node} (default /sys)",
     )
     serve.add_argument(
+        "--staging-dir",
+        help="where the devices hook pins checked host paths for the runtime "
+        "(default /run/crihook/mounts)",
+    )
+    serve.add_argument(
         "--dry-run", action="store_true", help="run hooks and log their adjustments, apply nothing"
     )
     serve.add_argument(

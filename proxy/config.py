@@ -49,6 +49,7 @@ FAILURE_POLICIES = ("fail", "ignore")
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
 DEFAULT_SYSFS_ROOT = Path("/sys")
+DEFAULT_STAGING_DIR = Path("/run/crihook/mounts")
 CONFLICT_MODES = ("error", "precedence")
 DATA_PATHS = ("grpc", "h2")
 
@@ -178,6 +179,10 @@ class NodeSettings:
     topology_scope: str = "container"
     """`container`: each container is placed on its own; `pod`: a pod with pod-level
     resources gets one NUMA-aligned bubble at RunPodSandbox, its containers share it."""
+    staging_dir: Path = DEFAULT_STAGING_DIR
+    """Where the `devices` hook pins the host paths and device nodes it checked (bind mounts
+    and nodes the runtime is given instead of the pod's paths). Root's alone; mounts made
+    there must reach the runtime's mount namespace (a DaemonSet: Bidirectional)."""
 
 
 DEFAULT_REDACT_ANNOTATIONS = (
@@ -318,7 +323,7 @@ _TOP_KEYS = {
     "node",
     "record",
 }
-_NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope"}
+_NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope", "staging_dir"}
 _RECORD_KEYS = {
     "file",
     "all",
@@ -496,6 +501,8 @@ def _node_settings(doc: Mapping[str, Any]) -> NodeSettings:
     node: dict[str, Any] = {}
     if "sysfs_root" in table:
         node["sysfs_root"] = _abs_path("[node] sysfs_root", table["sysfs_root"])
+    if "staging_dir" in table:
+        node["staging_dir"] = _abs_path("[node] staging_dir", table["staging_dir"])
     if "topology_policy" in table:
         node["topology_policy"] = _choice(
             "[node] topology_policy", table["topology_policy"], TOPOLOGY_POLICIES
@@ -649,6 +656,8 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         top["state_dir"] = _abs_path("--state-dir", flags["state_dir"])
     if flags.get("sysfs_root") is not None:
         node = replace(node, sysfs_root=_abs_path("--sysfs-root", flags["sysfs_root"]))
+    if flags.get("staging_dir") is not None:
+        node = replace(node, staging_dir=_abs_path("--staging-dir", flags["staging_dir"]))
     if flags.get("log_format") is not None:
         top["log_format"] = _choice("--log-format", flags["log_format"], LOG_FORMATS)
     if flags.get("log_level") is not None:

@@ -48,6 +48,7 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
             "sysfs_root": str(settings.node.sysfs_root),
             "topology_policy": settings.node.topology_policy,
             "topology_scope": settings.node.topology_scope,
+            "staging_dir": str(settings.node.staging_dir),
         },
         "record": _record_doc(settings.record),
     }

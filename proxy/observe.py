@@ -1,8 +1,9 @@
 """What hooks ask the node and the runtime, noted per call for recordings.
 
 Hooks learn about the node only through seams crihook hands them in `SyncContext`: the host's
-processes and cgroups (`Host`, `PodCgroups`), its files (`HostFiles`), its network interfaces
-(`Netlink`) and the runtime's answers on the call path (`RuntimeQueries`). While crihook
+processes and cgroups (`Host`, `PodCgroups`), its files (`HostFiles`), where checked host
+paths are pinned (`Staging`), its network interfaces (`Netlink`) and the runtime's answers
+on the call path (`RuntimeQueries`). While crihook
 records, it hands them the wrappers below: each question and its answer (or error) is noted
 in the list of the call (or synchronize) being recorded, so a replay can answer the same
 questions the same way on another machine. What changes the host (`EFFECTS`) is noted the
@@ -38,6 +39,7 @@ from crihook.hooks.node import (
     NetlinkSession,
     PodCgroups,
     PodLimits,
+    Staging,
     WouldBlock,
 )
 from crihook.hooks.spec import ContainerState, RuntimeQueries
@@ -50,6 +52,7 @@ __all__ = [
     "ObservedHost",
     "ObservedNetlink",
     "ObservedQueries",
+    "ObservedStaging",
     "begin",
     "end",
     "error_doc",
@@ -59,15 +62,19 @@ _T = TypeVar("_T")
 
 NETLINK_EFFECTS = frozenset({"move_in", "move_out", "create", "delete", "configure", "restore"})
 """What changes network interfaces (seam `netlink`)."""
+STAGING_EFFECTS = frozenset({"pin_mount", "pin_device", "release"})
+"""What mounts or makes nodes under the staging directory (seam `staging`)."""
 EFFECTS = (
-    frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"}) | NETLINK_EFFECTS
+    frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"})
+    | NETLINK_EFFECTS
+    | STAGING_EFFECTS
 )
 """Operations that change the host (compared by a replay, not only answered)."""
 
 
 class Observation(NamedTuple):
     seam: str
-    """`host`, `files`, `netlink` or `runtime`."""
+    """`host`, `files`, `staging`, `netlink` or `runtime`."""
     op: str
     args: list[Any]
     result: Any
@@ -213,6 +220,35 @@ class ObservedFiles:
 
     def nonblocking(self) -> HostFiles:
         return ObservedFiles(self.files.nonblocking())
+
+
+class ObservedStaging:
+    """A `Staging` whose every pin and release is noted (seam `staging`)."""
+
+    def __init__(self, staging: Staging) -> None:
+        self.staging = staging
+
+    def pin_mount(self, key: str, name: str, path: str, readonly: bool) -> str:
+        return _note(
+            "staging",
+            "pin_mount",
+            [key, name, path, readonly],
+            lambda: self.staging.pin_mount(key, name, path, readonly),
+        )
+
+    def pin_device(self, key: str, name: str, path: str, node: DeviceNode) -> str:
+        return _note(
+            "staging",
+            "pin_device",
+            [key, name, path, _device(node)],
+            lambda: self.staging.pin_device(key, name, path, node),
+        )
+
+    def release(self, key: str) -> None:
+        _note("staging", "release", [key], lambda: self.staging.release(key))
+
+    def keys(self) -> list[str]:
+        return _note("staging", "keys", [], self.staging.keys)
 
 
 class ObservedQueries:

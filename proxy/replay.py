@@ -253,6 +253,7 @@ class _SegmentReplay:
             files=node,
             cgroups=node,
             netlink=RecordedNetlink(node),
+            staging=node,
         )
         self.reports: list[SyncReport] = []
         self.sync.on_sync = self.reports.append

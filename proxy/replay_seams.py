@@ -11,7 +11,9 @@ this machine.
   (`RuntimeQueries`): first from the answers noted in the line being replayed, then from any
   earlier line (or the header's node facts), then as an empty host would. Changes a hook
   makes to the host (an oom_score_adj written, a CFS quota lifted, a pod's cgroup limits
-  written) are noted as `effects`, never carried out.
+  written, a host path pinned on a staging path or released) are noted as `effects`, never
+  carried out; a pin the recording does not have is answered with the staging path it
+  would have had under the default staging directory.
 - `RecordedNetlink` is the node's network interfaces (`Netlink`) the same way: sessions,
   interfaces looked up, from the recording (an interface the recording does not know is not
   there); interfaces moved, made, configured, deleted or given back are effects.
@@ -30,7 +32,7 @@ import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import DeviceNode, LinkInfo, NetlinkSession, PodLimits
+from crihook.hooks.node import DEFAULT_STAGING_ROOT, DeviceNode, LinkInfo, NetlinkSession, PodLimits
 from crihook.hooks.spec import ContainerState
 from crihook.proxy.observe import EFFECTS
 from crihook.proxy.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
@@ -231,6 +233,30 @@ class RecordedNode:
             return None
         kind, major, minor = answer
         return DeviceNode(str(kind), int(major), int(minor))
+
+    # Staging: noted, never mounted
+    def pin_mount(self, key: str, name: str, path: str, readonly: bool) -> str:
+        return self._pin("pin_mount", [key, name, path, readonly], key, name)
+
+    def pin_device(self, key: str, name: str, path: str, node: DeviceNode) -> str:
+        return self._pin(
+            "pin_device", [key, name, path, [node.kind, node.major, node.minor]], key, name
+        )
+
+    def _pin(self, op: str, args: list[Any], key: str, name: str) -> str:
+        effect = self._effect(op, args, "staging")
+        answer = self._ask("staging", op, args)
+        made = f"{DEFAULT_STAGING_ROOT}/{key}/{name}"
+        effect["result"] = made if answer is _MISSING else str(answer)
+        return str(effect["result"])
+
+    def release(self, key: str) -> None:
+        self._effect("release", [key], "staging")
+        self._ask("staging", "release", [key])
+
+    def keys(self) -> list[str]:
+        answer = self._ask("staging", "keys", [])
+        return [] if answer is _MISSING else [str(k) for k in answer]
 
     # RuntimeQueries (and what the synchronizer asks)
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:

@@ -29,7 +29,7 @@ import grpc
 import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Host, HostFiles, Netlink, PodCgroups, Topology
+from crihook.hooks.node import Host, HostFiles, Netlink, PodCgroups, Staging, Topology
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, RuntimeQueries, SyncContext
 from crihook.hooks.spec.views import container_state, resources_view
 from crihook.proxy import observe
@@ -150,6 +150,7 @@ class Synchronizer:
         files: HostFiles | None = None,
         cgroups: PodCgroups | None = None,
         netlink: Netlink | None = None,
+        staging: Staging | None = None,
     ) -> None:
         self.chain = chain
         self.topology_policy = topology_policy
@@ -163,6 +164,7 @@ class Synchronizer:
         self.files = files
         self.cgroups = cgroups
         self.netlink = netlink
+        self.staging = staging
         self.on_sync: Callable[[SyncReport], None] | None = None
         """Told every synchronize (recording)."""
         self._pending: set[str] = set()
@@ -240,6 +242,7 @@ class Synchronizer:
                 files=self.files,
                 cgroups=self.cgroups,
                 netlink=self.netlink,
+                staging=self.staging,
                 exempt=self.chain.exempt,
             )
             try:

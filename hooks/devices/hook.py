@@ -3,15 +3,18 @@ for by annotation, injected only as far as the node's policy allows.
 
     CreateContainer  hints: the NUMA nodes whose free (or reusable) pooled devices could serve
                           the request
-                     pre: the request checked (see `policy`), pooled devices reserved (the
-                          pod's exited init containers' first; written ahead in the hook's
-                          state and recorded in the container's annotation
+                     pre: the request checked (see `policy`), the host paths and device
+                          nodes asked by path pinned on staging paths (`staged`, written
+                          ahead in the hook's state), pooled devices reserved (the pod's
+                          exited init containers' first; written ahead in the hook's state
+                          and recorded in the container's annotation
                           pools.crihook.io/assigned), devices, mounts and env added; a refusal
-                          names the annotation and the entry, and leaves nothing reserved
-                     post: the reservation confirmed under the container's id
-                     failed: the reservation released
-    RemoveContainer  post: the container's pooled devices go back once no container of its
-                     name is left in the pod
+                          names the annotation and the entry, and leaves nothing reserved or
+                          staged
+                     post: the reservation and the staging key tied to the container's id
+                     failed: the reservation and the staged paths released
+    RemoveContainer  post: the container's staged paths released; its pooled devices go back
+                     once no container of its name is left in the pod
     RemovePodSandbox post: everything of the pod goes back
 
 Pooled devices are held per pod and container name, as kubelet's device manager holds them:
@@ -19,21 +22,24 @@ a restarted container gets the same ones, and a later container of the pod reuse
 its init containers (`pools`). At start (and after a reconcile) the holdings are checked
 against the containers the runtime has: a reservation the runtime made the container for is
 confirmed, one it did not is released, and a container that carries devices crihook has no
-record of (its state was lost) is adopted. Exempt pods are not called: what they ask for is
-not injected.
+record of (its state was lost) is adopted; staged paths of containers the runtime does not
+have are released. Pinning and releasing (mount system calls) run in a worker thread.
+Exempt pods are not called: what they ask for is not injected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from crihook.hooks.devices.annotations import AnnotationError, ContainerAsk, PodAsks
 from crihook.hooks.devices.host import HostFiles, LinuxFiles, WouldBlock
 from crihook.hooks.devices.policy import (
     DevicePolicy,
+    Granted,
     Pool,
     PoolDevice,
     PooledIndex,
@@ -47,6 +53,8 @@ from crihook.hooks.devices.pools import (
     device_hints,
     preference_order,
 )
+from crihook.hooks.devices.staged import StagedEntry, StagingBook
+from crihook.hooks.node.staging import LinuxStaging, Staging, staged_name
 from crihook.hooks.spec import (
     Adjustment,
     ContainerState,
@@ -75,12 +83,19 @@ class DevicesHook(Hook):
     sets = ("device", "mount", "env", f"annotation:{ASSIGNED}")
 
     def __init__(
-        self, options: Mapping[str, Any] | None = None, *, files: HostFiles | None = None
+        self,
+        options: Mapping[str, Any] | None = None,
+        *,
+        files: HostFiles | None = None,
+        staging: Staging | None = None,
     ) -> None:
         super().__init__(options)
         self.policy: DevicePolicy = parse_policy(self.options)
         self.files: HostFiles = files if files is not None else LinuxFiles()
         self._own_files = files is not None
+        self.staging: Staging | None = staging
+        self._own_staging = staging is not None
+        self._staged: StagingBook | None = None
         self._book: PoolBook | None = None
         self._numa_nodes: tuple[int, ...] = ()
         self._pooled = PooledIndex()
@@ -102,6 +117,7 @@ class DevicesHook(Hook):
             self._book = book
         self._numa_nodes = sync.node.numa_nodes
         self._runtime = sync.runtime
+        await self._reconcile_staged(sync)
         freed, problems = self._book.reconcile(sync.containers)
         for allocation in freed:
             log.info(
@@ -126,6 +142,39 @@ class DevicesHook(Hook):
                 "devices: pool %s: %d of %d device(s) free", pool.name, free, len(pool.devices)
             )
         return ()
+
+    async def _reconcile_staged(self, sync: SyncContext) -> None:
+        if not self._own_staging:
+            # crihook's seam (recorded, or answered by a replay), else the real host's
+            self.staging = sync.staging if sync.staging is not None else LinuxStaging()
+        if self._staged is None:
+            self._staged = StagingBook(sync.state)
+            for key in self._staged.load():
+                log.error("devices: saved staging key dropped (unreadable): %s", key)
+        staged = await asyncio.to_thread(self.pins.keys)
+        gone, strays = self._staged.reconcile(staged, sync.containers)
+        for entry in gone:
+            log.info(
+                "devices: %s of pod %s is gone; its staged paths are released",
+                entry.name,
+                entry.pod[:12],
+            )
+            await self._release(entry)
+        for key in strays:
+            log.info("devices: %s staged, and no container has it: released", key)
+            await self._release_key(key)
+
+    @property
+    def pins(self) -> Staging:
+        if self.staging is None:
+            raise RuntimeError("devices: called before synchronize (crihook starts hooks so)")
+        return self.staging
+
+    @property
+    def staged(self) -> StagingBook:
+        if self._staged is None:
+            raise RuntimeError("devices: called before synchronize (crihook starts hooks so)")
+        return self._staged
 
     def usage(self) -> list[PoolUsage]:
         """Per device pool: devices held by containers (or reserved for one being created)
@@ -193,17 +242,25 @@ class DevicesHook(Hook):
                 check_ask, self.policy, ctx.pod.namespace, ask, self.files, self._pooled
             )
         adjustment = Adjustment()
-        for device, host_path in granted.devices:
-            adjustment.add_device(device.container_path, host_path, device.permissions)
-        for mount, host_path in granted.mounts:
-            adjustment.add_mount(mount.container_path, host_path, readonly=mount.readonly)
+        staged: StagedEntry | None = None
+        if granted.devices or granted.mounts:
+            staged, devices, mounts = await self._pin(ctx.pod, container, granted)
+            for device, path in zip(granted.devices, devices, strict=True):
+                adjustment.add_device(device[0].container_path, path, device[0].permissions)
+            for mount, path in zip(granted.mounts, mounts, strict=True):
+                adjustment.add_mount(mount[0].container_path, path, readonly=mount[0].readonly)
         for entry in granted.env:
             adjustment.set_env(entry.name, entry.value)
         if ask.pools:
-            reusable = await self._reusable(ctx.pod, container)
-            # From here on nothing awaits: the pick and the reservation see one book.
-            self._finished.pop(ctx.pod.id, None)
-            self._add_pooled(ctx, container, ask, adjustment, reusable)
+            try:
+                reusable = await self._reusable(ctx.pod, container)
+                # From here on nothing awaits: the pick and the reservation see one book.
+                self._finished.pop(ctx.pod.id, None)
+                self._add_pooled(ctx, container, ask, adjustment, reusable)
+            except BaseException:
+                if staged is not None:  # a refusal leaves nothing staged
+                    await self._release(staged)
+                raise
         return adjustment
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
@@ -211,6 +268,12 @@ class DevicesHook(Hook):
         assert ctx.response is not None
         cid: str = ctx.response.container_id  # type: ignore[attr-defined]
         self.book.confirm(ctx.pod.id, container.name, cid)
+        staged = self.staged.pending(ctx.pod.id, container.name, container.attempt)
+        if staged is not None:
+            earlier = self.staged.of_container(cid)
+            if earlier is not None:  # an id handed out again: the container that had it is gone
+                await self._release(earlier)
+            self.staged.confirm(staged, cid)
         return None
 
     async def failed_create_container(self, ctx: HookContext) -> None:
@@ -218,17 +281,75 @@ class DevicesHook(Hook):
         self._finished.pop(ctx.pod.id, None)
         if self.book.release_pending(ctx.pod.id, container.name):
             log.debug("devices: reservation of %s released (%s)", container.name, ctx.failure)
+        staged = self.staged.pending(ctx.pod.id, container.name, container.attempt)
+        if staged is not None:
+            await self._release(staged)
+
+    # --- pinning what was checked ------------------------------------------------------------
+    async def _pin(
+        self, pod: PodView, container: ContainerView, granted: Granted
+    ) -> tuple[StagedEntry, list[str], list[str]]:
+        """The staged paths of the granted devices and mounts (`staging`): what the runtime
+        gets instead of the host paths. Saved (pending) before anything is mounted; a path
+        that changed since it was checked is refused, and nothing stays staged."""
+        entry = self.staged.stage(pod.id, container.name, container.attempt)
+        pinning = asyncio.ensure_future(asyncio.to_thread(self._pin_all, entry.key, granted))
+        try:
+            devices, mounts = await asyncio.shield(pinning)
+        except OSError as exc:
+            await self._release(entry)
+            raise InvalidRequest(
+                f"{exc.strerror or exc} (it changed on the host after it was checked; "
+                "nothing was mounted)"
+            ) from None
+        except BaseException:  # cancelled: the thread mounts on; released once it is done
+            with contextlib.suppress(Exception):
+                await pinning
+            await self._release(entry)
+            raise
+        return entry, devices, mounts
+
+    def _pin_all(self, key: str, granted: Granted) -> tuple[list[str], list[str]]:
+        pins = self.pins
+        devices, mounts = [], []
+        for i, (device, path, node) in enumerate(granted.devices):
+            with _naming(device.source, "device", path):
+                devices.append(pins.pin_device(key, staged_name("d", i), path, node))
+        for i, (mount, path) in enumerate(granted.mounts):
+            with _naming(mount.source, "host path", path):
+                mounts.append(pins.pin_mount(key, staged_name("m", i), path, mount.readonly))
+        return devices, mounts
+
+    async def _release(self, entry: StagedEntry) -> None:
+        """Release what `entry` pinned and forget it; a failure is logged, and the key kept
+        for the next start's reconcile."""
+        if await self._release_key(entry.key):
+            self.staged.drop(entry)
+
+    async def _release_key(self, key: str) -> bool:
+        try:
+            await asyncio.to_thread(self.pins.release, key)
+        except OSError as exc:
+            log.error("devices: staged %s not released: %s", key, exc.strerror or exc)
+            return False
+        return True
 
     # --- giving devices back -----------------------------------------------------------------
     async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
-        freed = self.book.remove_container(_container(ctx).id)
+        cid = _container(ctx).id
+        freed = self.book.remove_container(cid)
         if freed is not None:
             log.debug("devices: %s gave back %s", freed.name, _describe(freed.devices))
+        staged = self.staged.of_container(cid)
+        if staged is not None:
+            await self._release(staged)
         return None
 
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         self.book.remove_pod(ctx.pod.id)
         self._pod_asks.pop(ctx.pod.id, None)
+        if self.staged.has_pod(ctx.pod.id) and await self._release_key(ctx.pod.id):
+            self.staged.drop_pod(ctx.pod.id)  # all its containers' staged paths, and its directory
         return None
 
     def _ask(self, pod: PodView, container: ContainerView) -> ContainerAsk:
@@ -403,6 +524,15 @@ def pooled_index(policy: DevicePolicy, files: HostFiles) -> PooledIndex:
                     continue
                 by_node[node] = owner
     return PooledIndex(by_path, by_node)
+
+
+@contextlib.contextmanager
+def _naming(source: str, what: str, path: str) -> Iterator[None]:
+    """An OSError of pinning `path`, its message naming the annotation and the path."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, f"{source}: {what} {path}: {exc.strerror or exc}") from None
 
 
 def _width(hint: Any) -> tuple[int, int]:

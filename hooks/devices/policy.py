@@ -21,12 +21,13 @@ Every list defaults to empty: the default policy allows nothing. Path globs: `*`
 path component, `**` across components (see `globs`).
 
 A request is checked where it leads on this host: a path must match the allowlist both as
-asked and once every symlink, `.` and `..` is resolved; the runtime is given the resolved
-path. A device must be a character or block device node (a directory would give the
-container every device below it); its type, major and minor are the host's. A pooled device
-is never given by path, only through its pool. A refusal says what was refused and why:
-malformed or missing → InvalidRequest (INVALID_ARGUMENT), not allowed → Forbidden
-(PERMISSION_DENIED).
+asked and once every symlink, `.` and `..` is resolved. The hook then pins what the resolved
+path is (`crihook.hooks.node.staging`): the runtime is given a staged copy, which a later
+swap of the host path cannot change. A device must be a character or block device node (a
+directory would give the container every device below it); its type, major and minor are
+the host's. A pooled device is never given by path, only through its pool. A refusal says
+what was refused and why: malformed or missing → InvalidRequest (INVALID_ARGUMENT), not
+allowed → Forbidden (PERMISSION_DENIED).
 """
 
 from __future__ import annotations
@@ -249,8 +250,8 @@ class PooledIndex:
 class Granted:
     """What a request may have, as the runtime will be given it."""
 
-    devices: tuple[tuple[DeviceAsk, str], ...] = ()
-    """Each device with its resolved host path."""
+    devices: tuple[tuple[DeviceAsk, str, DeviceNode], ...] = ()
+    """Each device with its resolved host path and the node found there."""
     mounts: tuple[tuple[MountAsk, str], ...] = ()
     env: tuple[EnvAsk, ...] = ()
 
@@ -270,7 +271,7 @@ def check_ask(
             f"({', '.join(ask.keys)}): [hooks.devices] namespaces allows "
             f"{policy.namespaces.describe()}"
         )
-    devices = tuple((d, _check_device(policy, d, files, pooled)) for d in ask.devices)
+    devices = tuple((d, *_check_device(policy, d, files, pooled)) for d in ask.devices)
     mounts = tuple((m, _check_mount(policy, m, files)) for m in ask.mounts)
     reserved = policy.pool_env
     for entry in ask.env:
@@ -300,7 +301,7 @@ def _resolve(files: HostFiles, path: str, source: str, what: str) -> str:
 
 def _check_device(
     policy: DevicePolicy, ask: DeviceAsk, files: HostFiles, pooled: PooledIndex
-) -> str:
+) -> tuple[str, DeviceNode]:
     path = ask.path
     allowed = policy.devices
     if not allowed.matches(path):
@@ -336,7 +337,7 @@ def _check_device(
             f"{ask.source}: permissions {ask.permissions!r} on {path}: at most "
             f"{policy.device_permissions!r} ([hooks.devices] device_permissions)"
         )
-    return resolved
+    return resolved, node
 
 
 def _check_mount(policy: DevicePolicy, ask: MountAsk, files: HostFiles) -> str:

@@ -1,7 +1,8 @@
 """The node as hooks see it: CPU/NUMA topology (read once from sysfs), cpulists, the host's
 processes behind the :class:`Host` seam, its files behind the :class:`HostFiles` seam,
-pods' own cgroups behind the :class:`PodCgroups` seam and network interfaces behind the
-:class:`Netlink` seam.
+pods' own cgroups behind the :class:`PodCgroups` seam, network interfaces behind the
+:class:`Netlink` seam and checked host paths pinned for the runtime behind the
+:class:`Staging` seam.
 
     from crihook.hooks.node import Topology, parse_cpu_list, format_cpu_list, LinuxHost
 """
@@ -17,9 +18,11 @@ from crihook.hooks.node.host import (
     pod_cgroup_path,
 )
 from crihook.hooks.node.netlink import LinkInfo, Netlink, NetlinkSession, PyrouteNetlink
+from crihook.hooks.node.staging import DEFAULT_STAGING_ROOT, LinuxStaging, Staging
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
 __all__ = [
+    "DEFAULT_STAGING_ROOT",
     "CPUInfo",
     "DeviceNode",
     "Host",
@@ -28,12 +31,14 @@ __all__ = [
     "LinuxFiles",
     "LinuxHost",
     "LinuxPodCgroups",
+    "LinuxStaging",
     "NUMAMemory",
     "Netlink",
     "NetlinkSession",
     "PodCgroups",
     "PodLimits",
     "PyrouteNetlink",
+    "Staging",
     "Topology",
     "TopologyError",
     "WouldBlock",

@@ -22,7 +22,7 @@ import os
 import select
 import stat
 
-__all__ = ["LOCAL_TYPES", "MountTable", "WouldBlock", "resolve_locally"]
+__all__ = ["LOCAL_TYPES", "MountTable", "WouldBlock", "resolve_locally", "unescape_mountinfo"]
 
 LOCAL_TYPES = frozenset(
     {
@@ -140,11 +140,11 @@ def parse_mountinfo(text: str) -> dict[str, str]:
             point, fstype = fields[4], fields[separator + 1]
         except (ValueError, IndexError):
             continue
-        types[_unescape(point)] = fstype
+        types[unescape_mountinfo(point)] = fstype
     return types
 
 
-def _unescape(field: str) -> str:
+def unescape_mountinfo(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash as \\ooo octal escapes."""
     if "\\" not in field:
         return field

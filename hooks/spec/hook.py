@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the node layer is below the built-in hooks, not below the s
     from crihook.hooks.node.files import HostFiles
     from crihook.hooks.node.host import Host
     from crihook.hooks.node.netlink import Netlink
+    from crihook.hooks.node.staging import Staging
     from crihook.hooks.node.topology import Topology
 
 __all__ = [
@@ -130,6 +131,10 @@ class SyncContext:
     files: HostFiles | None = None
     """The host's files (where a path leads, which device node is there), for hooks that
     check paths on the call path; None: the hook uses the real host's."""
+    staging: Staging | None = None
+    """Where checked host paths are pinned for the runtime (bind mounts and device nodes on
+    root-only staging paths; a replay notes them and makes none); None: the hook uses the real
+    host's, under /run/crihook/mounts."""
     cgroups: PodCgroups | None = None
     """Pods' own cgroups, for hooks that write a pod's limits (a replay's notes the writes
     and makes none); None: the hook writes no cgroup."""

@@ -35,7 +35,7 @@ from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_
 from tests.lab.kubelet_encoding import PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.metrics_scrape import scrape, value
-from tests.unit.hook_harness import SMALL, Node, burstable, topology_of
+from tests.unit.hook_harness import SMALL, FakeStaging, Node, burstable, topology_of
 
 NOBODY = 65534
 ADM = 4  # a group nobody is not in
@@ -158,20 +158,21 @@ def test_an_allowlist_cannot_be_left_by_dots_or_links(
         annotations={f"{kind}.crihook.io/container.app": json.dumps(value)},
     )
 
-    async def create() -> api_pb2.ContainerConfig:
+    async def create() -> tuple[api_pb2.ContainerConfig, FakeStaging]:
         node = Node(DevicesHook(_policy(tree)), topology_of(SMALL))
         await node.sync()
         pod = await node.run_pod(spec, "sb")
         before = sorted(node.state.items())
         try:
-            return (await node.begin_create(pod, spec.containers[0])).request.config
+            return (await node.begin_create(pod, spec.containers[0])).request.config, node.staging
         except (Forbidden, InvalidRequest):
             assert sorted(node.state.items()) == before  # nothing held for a refused call
             raise
 
     if refusal is None:
-        config = asyncio.run(create())
+        config, staging = asyncio.run(create())
         given = [d.host_path for d in config.devices] + [m.host_path for m in config.mounts]
+        given = [staging.host_path(p) for p in given]  # the runtime gets staged paths
         assert os.path.realpath(full) in given
         return
     with pytest.raises(refusal, match=message) as info:

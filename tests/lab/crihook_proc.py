@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from crihook.hooks.node.staging import LinuxStaging
 from crihook.proxy.config import ServerSettings
 from crihook.proxy.state_cli import load_state
 
@@ -65,9 +67,30 @@ def clean_up_after(mark: tuple[int, int] = (0, 0)) -> None:
     test that failed between start and its `with` block leaves no server behind."""
     dirs, procs = mark
     while len(_STARTED) > procs:
-        _STARTED.pop().kill()
+        proc = _STARTED.pop()
+        proc.kill()
+        release_staging(proc.staging_dir)
     while len(_CREATED) > dirs:
         shutil.rmtree(_CREATED.pop(), ignore_errors=True)
+
+
+def staging_dir_of(workdir: Path) -> Path:
+    """Where a crihook of `workdir` pins host paths (`--staging-dir`): the same for every
+    crihook started on that workdir (a restart finds its mounts), and outside every workdir
+    and temp tree a test removes, so that removing one never reaches into a bind mount of a
+    host tree. Released when the test that started the crihook ends (`clean_up_after`)."""
+    digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:12]
+    return Path(f"/tmp/ch-staging-{digest}")
+
+
+def release_staging(staging_dir: Path) -> None:
+    """Unmount and remove what a crihook left staged (killed before its pods were removed)."""
+    if not staging_dir.is_dir():
+        return
+    staging = LinuxStaging(str(staging_dir))
+    for pod in sorted({key.split("/")[0] for key in staging.keys()}):  # noqa: SIM118
+        staging.release(pod)
+    staging_dir.rmdir()
 
 
 PATIENCE = 120.0
@@ -103,6 +126,7 @@ class CrihookProcess:
         self.plugins_dir = self.workdir / "hooks.d"
         self.plugins_dir.mkdir(exist_ok=True)
         self.log_path = self.workdir / "crihook.log"
+        self.staging_dir = staging_dir_of(self.workdir)
         self.runtime_endpoint = runtime_endpoint
         self.args = list(args)
         self.config_path: Path | None = None
@@ -134,6 +158,8 @@ class CrihookProcess:
             "debug",
             "--data-path",
             self.data_path,
+            "--staging-dir",
+            str(self.staging_dir),
         ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]

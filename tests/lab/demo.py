@@ -42,7 +42,7 @@ from crihook.proxy.cpu_map_text import render_map, use_colour
 from tests.lab import peers
 from tests.lab.cgroups import cgroup_dirs
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess
+from tests.lab.crihook_proc import CrihookProcess, release_staging
 from tests.lab.images import DEFAULT_CACHE_DIR, build_images
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if crihook is not None:
             code = crihook.stop()
             _out(f"crihook exited {code}")
+            release_staging(crihook.staging_dir)  # mounts of pods removed behind its back
         if lab is not None:
             lab.cleanup()
             _out("containerd stopped, pods, mounts, cgroups and the bridge removed")

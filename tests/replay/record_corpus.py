@@ -62,7 +62,12 @@ import grpc
 
 from crihook.api.cri.v1 import api_pb2
 from tests.lab.containerd import Containerd
-from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
+from tests.lab.crihook_proc import (
+    CrihookProcess,
+    release_staging,
+    short_tmpdir,
+    staging_dir_of,
+)
 from tests.lab.images import DEFAULT_CACHE_DIR, build_images
 from tests.lab.kubelet import ContainerSpec, KubeletClient, PodHandle, PodSpec, PodStartError
 from tests.lab.plugin_proc import Plugin
@@ -289,6 +294,7 @@ def record(out: Path, workload: str = "node") -> None:
     with contextlib.ExitStack() as cleanup:  # (in reverse: crihook, the lab, the namespace)
         cleanup.callback(shutil.rmtree, DEVICE_ROOT, ignore_errors=True)
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        cleanup.callback(release_staging, staging_dir_of(workdir))  # before the device root
         lab = Containerd(tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"), images)
         args = ["--record", str(path)]
         if workload == "node":

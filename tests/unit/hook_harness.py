@@ -183,6 +183,54 @@ class FakeCgroups:
         return [f"/fake/{cgroup_parent}/cpu.max"]
 
 
+class FakeStaging:
+    """A `Staging` that pins in a table: each pin gets `/staged/<key>/<name>` and remembers
+    the host path it pins (`source`); `changed` holds host paths that were swapped since they
+    were checked (their pin fails, as the real one does); `fail_release` keys whose release
+    fails. Every pin and release is recorded, in order, in `done`."""
+
+    ROOT = "/staged"
+
+    def __init__(self) -> None:
+        self.source: dict[str, str] = {}
+        self.changed: set[str] = set()
+        self.fail_release: set[str] = set()
+        self.done: list[tuple[str, str]] = []
+        self.on_disk: list[str] = []
+        """Keys `keys()` reports besides the pinned ones (left by an earlier crihook)."""
+
+    def pin_mount(self, key: str, name: str, path: str, readonly: bool) -> str:
+        return self._pin(key, name, path)
+
+    def pin_device(self, key: str, name: str, path: str, node: Any) -> str:
+        return self._pin(key, name, path)
+
+    def _pin(self, key: str, name: str, path: str) -> str:
+        if path in self.changed:
+            raise OSError(40, f"{path} is a symlink")
+        staged = f"{self.ROOT}/{key}/{name}"
+        self.source[staged] = path
+        self.done.append(("pin", staged))
+        return staged
+
+    def release(self, key: str) -> None:
+        if key in self.fail_release:
+            raise OSError(16, f"umount {self.ROOT}/{key}: busy")
+        self.done.append(("release", key))
+        prefix = f"{self.ROOT}/{key}/"
+        for staged in [s for s in self.source if s.startswith(prefix)]:
+            del self.source[staged]
+        self.on_disk = [k for k in self.on_disk if k != key and not k.startswith(f"{key}/")]
+
+    def keys(self) -> list[str]:
+        pinned = {s[len(self.ROOT) + 1 :].rsplit("/", 1)[0] for s in self.source}
+        return sorted(pinned | set(self.on_disk))
+
+    def host_path(self, path: str) -> str:
+        """What the runtime's path pins: the host path for a staged one."""
+        return self.source.get(path, path)
+
+
 # --- the node ---------------------------------------------------------------------------------
 
 
@@ -218,6 +266,8 @@ class Node:
     netlink: Any = None
     """The network interfaces hooks reach (a FakeNetlink; None: the real host's, as
     SyncContext's default)."""
+    staging: FakeStaging = field(default_factory=FakeStaging)
+    """Where checked host paths are pinned: never the real host's in unit tests."""
     pods: dict[str, PodView] = field(default_factory=dict)
     specs: dict[str, PodSpec] = field(default_factory=dict)
     containers: dict[str, ContainerView] = field(default_factory=dict)
@@ -242,6 +292,7 @@ class Node:
             topology_scope=self.scope,
             cgroups=self.cgroups,
             netlink=self.netlink,
+            staging=self.staging,
             exempt=lambda pod: pod.namespace in self.exempt_namespaces,
         )
         updates = list(await self.hook.synchronize(sync) or ())

@@ -108,6 +108,12 @@ def test_host_paths_are_where_the_config_says(pod: dict[str, Any], settings: Set
     netns = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "netns")
     # Namespaces containerd creates after the pod started must show up inside it.
     assert netns["mountPropagation"] == "HostToContainer"
+    # The devices hook's staging mounts, made inside the pod, must reach the runtime.
+    staging = PurePosixPath(settings.node.staging_dir)
+    assert host_path_of(staging) == staging
+    holder = max((m for m in mounted if m in staging.parents), key=lambda m: len(m.parts))
+    volume = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == str(holder))
+    assert volume["mountPropagation"] == "Bidirectional"
 
 
 def test_the_command_serves_with_the_configmap(pod: dict[str, Any]) -> None:

@@ -350,6 +350,16 @@ def test_unit_directories_match_config(unit: Unit, config: dict[str, Any]) -> No
     assert PurePosixPath(config["state_dir"]) in state_dirs(unit)
 
 
+def test_unit_keeps_the_runtime_directory_across_restarts(
+    unit: Unit, config: dict[str, Any]
+) -> None:
+    # The devices hook's staging mounts live there: a restart must find them to release
+    # those of containers that are gone, and keep those of containers not started yet.
+    staging = PurePosixPath(config.get("node", {}).get("staging_dir", "/run/crihook/mounts"))
+    assert any(d in staging.parents for d in runtime_dirs(unit))
+    assert single(unit, "Service", "RuntimeDirectoryPreserve") == "yes"
+
+
 def test_unit_state_directory_is_root_s_alone(unit: Unit) -> None:
     # store.json holds pods' annotations as kubelet sent them: systemd makes the directory
     # 0755 unless told otherwise (crihook would fix it at start, a moment later).

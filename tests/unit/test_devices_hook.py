@@ -6,6 +6,7 @@ aligned, kept across restarts of a container and given back when it is removed."
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from crihook.hooks.spec import (
 from crihook.hooks.spec.views import container_view_from_config
 from tests.lab.kubelet_encoding import PodSpec
 from tests.unit.devices_fakes import FakeFiles
-from tests.unit.hook_harness import SMALL, Created, Node, burstable, topology_of
+from tests.unit.hook_harness import SMALL, Created, FakeStaging, Node, burstable, topology_of
 
 TOPO = topology_of(SMALL)  # NUMA nodes 0 and 1
 
@@ -86,8 +87,20 @@ POLICY: dict[str, Any] = {
 }
 
 
+_STAGINGS: list[FakeStaging] = []
+"""The stagings of the nodes `start` made in this test, newest last."""
+
+
+@pytest.fixture(autouse=True)
+def _stagings_of_this_test() -> Iterator[None]:
+    _STAGINGS.clear()
+    yield
+    _STAGINGS.clear()
+
+
 async def start(files: FakeFiles | None = None, options: dict[str, Any] | None = None) -> Node:
     node = Node(DevicesHook(POLICY if options is None else options, files=files or host()), TOPO)
+    _STAGINGS.append(node.staging)
     await node.sync()
     return node
 
@@ -109,13 +122,25 @@ def config_of(created: Created) -> api_pb2.ContainerConfig:
     return created.request.config
 
 
+def pinned(created: Created, path: str) -> str:
+    """The host path a path the runtime got pins (a device asked by path, a mount: a staged
+    path; a pooled device: its own path)."""
+    if not path.startswith(f"{FakeStaging.ROOT}/"):
+        assert path.startswith("/dev/nvidia"), f"{path}: not staged, not pooled"
+        return path
+    return next(s.source[path] for s in reversed(_STAGINGS) if path in s.source)
+
+
 def devices_of(created: Created) -> list[tuple[str, str, str]]:
-    return [(d.container_path, d.host_path, d.permissions) for d in config_of(created).devices]
+    return [
+        (d.container_path, pinned(created, d.host_path), d.permissions)
+        for d in config_of(created).devices
+    ]
 
 
 def mounts_of(created: Created) -> list[tuple[str, str, bool]]:
     return [
-        (m.container_path, m.host_path, m.readonly)
+        (m.container_path, pinned(created, m.host_path), m.readonly)
         for m in config_of(created).mounts
         if not m.container_path.startswith("/dev/termination")
     ]

@@ -195,12 +195,14 @@ async def test_the_devices_hook_checks_on_the_loop_unless_a_lookup_may_block(
     p = await node.run_pod(spec, "p1")
     created = await node.create(p, burstable("app"), "c1")
     config = created.request.config
-    assert [(m.host_path, m.container_path) for m in config.mounts][-1] == (
+    pinned = node.staging.host_path
+    assert [(pinned(m.host_path), m.container_path) for m in config.mounts][-1] == (
         f"{tmp_path}/models/v1",
         "/models",
     )
-    assert [d.host_path for d in config.devices] == ["/dev/null"]
-    assert threads == (["check_ask"] if blocking else [])
+    assert [pinned(d.host_path) for d in config.devices] == ["/dev/null"]
+    # The check on the loop unless a lookup may block; pinning (mount calls) always in a thread.
+    assert threads == (["check_ask", "_pin_all"] if blocking else ["_pin_all"])
 
 
 def test_an_unresolvable_path_is_the_same_error_either_way(tmp_path: Path) -> None:
