@@ -2,7 +2,8 @@
 
     decode → views (from the request or the store) → per-pod lock → pre stage (chain) →
     encode only if something changed → runtime → store (+ audit) → post stage →
-    updates to other containers → the runtime's response bytes, unchanged.
+    updates to other containers issued (sent in the background, proxy.updates) → the
+    runtime's response bytes, unchanged.
 
 `Pipeline.handle(method, request bytes, metadata, deadline)` drives a `Runtime` and returns an
 `Outcome` (see `proxy.outcome`): the gRPC server is a thin adapter that turns it into an
@@ -60,6 +61,16 @@ _POD_ID_EVENTS = frozenset(
 # Statuses after which the runtime may have carried the call out or not: the connection
 # broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
 # did not classify, after cleaning up: a failure.)
+_WAIT_FOR_UPDATES = frozenset(
+    {
+        Event.UPDATE_CONTAINER_RESOURCES,
+        Event.START_CONTAINER,
+        Event.STOP_CONTAINER,
+        Event.REMOVE_CONTAINER,
+    }
+)
+"""Calls on a container that first wait for the update due to it (issued by another pod's
+call): kubelet and the hooks then see the resources crihook gave it, never older ones."""
 _UNKNOWN_OUTCOME = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
@@ -181,9 +192,13 @@ class Pipeline:
         placement: Placement | None = None,
         hugepage_sizes: Collection[str] = (),
         read_back: bool = False,
+        updates_after_answer: bool = True,
+        updater: ContainerUpdater | None = None,
     ) -> None:
         """`read_back`: after each CreateContainer a hook adjusted, compare what the runtime
-        made with what the hooks set (proxy.readback), in the background."""
+        made with what the hooks set (proxy.readback), in the background.
+        `updates_after_answer`: updates to other containers go out after the call is
+        answered (issued, sent in the background); False: the call waits for them."""
         self.runtime = runtime
         self.hugepage_sizes = frozenset(hugepage_sizes)
         """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
@@ -194,7 +209,8 @@ class Pipeline:
         self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
         self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
-        self.updater = ContainerUpdater(runtime, store)
+        self.updater = updater or ContainerUpdater(runtime, store)
+        self.updates_after_answer = updates_after_answer
         self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {
             m: runtime.call(method_path("RuntimeService", m))
@@ -284,6 +300,14 @@ class Pipeline:
         outcome.container = call.container
         trace = outcome.trace
         async with self._locks.hold(call.lock_key), self._gate:
+            if (
+                event in _WAIT_FOR_UPDATES
+                and call.container is not None
+                and self.updater.pending(call.container.id)
+            ):
+                await self.updater.settled(call.container.id)
+                self._views(call)  # the update changed the container's record
+                outcome.container = call.container
             outcome.seq = next(self._seq)
             ran: list[str] = []  # hooks whose pre stage ran: told if the call fails
             try:
@@ -558,8 +582,11 @@ class Pipeline:
             self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
             if self.read_back is not None and merger is not None and merger.owners:
                 self.read_back.after_create(response.container_id, merger.owners, merger.values)
-        elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
+        elif event is Event.UPDATE_CONTAINER_RESOURCES:
+            self.updater.applied_by_call(req.container_id, req.linux)
             record = call.container_record
+            if record is None:
+                return
             # As containerd applies it: what the update leaves unset stays as it was.
             res = resources_updated(record.view.resources, req.linux)
             record.view = replace(record.view, resources=res)
@@ -621,7 +648,10 @@ class Pipeline:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
         if updates and not self.chain.settings.dry_run:
-            outcome.updates = await self.updater.send(updates, call.describe())
+            if self.updates_after_answer:
+                outcome.updates = self.updater.issue(updates, call.describe())
+            else:
+                outcome.updates = await self.updater.send(updates, call.describe())
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:

@@ -70,6 +70,7 @@ from crihook.proxy.replay_plugins import StandIns, base_name
 from crihook.proxy.replay_seams import RecordedNetlink, RecordedNode, RecordedRuntime
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.sync import Synchronizer, SyncReport
+from crihook.proxy.updates import ContainerUpdater
 
 __all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 
@@ -237,6 +238,10 @@ class _SegmentReplay:
             self.readiness,
             placement,
             node_hugepage_sizes(topology),  # the recorded node's: the same door
+            # Updates go out before the next call, answered as recorded, never retried:
+            # what a call issued is compared whatever the recorded `updates` setting was.
+            updates_after_answer=False,
+            updater=ContainerUpdater(self.runtime, store, retry=False),
         )
         self.outcomes: list[Outcome] = []
         self.pipeline.on_outcome = self.outcomes.append
