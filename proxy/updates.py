@@ -117,7 +117,10 @@ class ContainerUpdater:
         self._queue: collections.deque[_Target] = collections.deque()
         self._workers: set[asyncio.Task[None]] = set()
         self._names = itertools.count(1)
+        self._closing = False
+        """Closing: nothing more is queued."""
         self._closed = False
+        """Closed: nobody waits for an update any more."""
         self._removed: dict[str, None] = {}
         """Ids of containers removed lately (oldest first, at most REMEMBER_REMOVED): an update
         still on its way to one is answered NOT_FOUND, and that is no failure."""
@@ -199,7 +202,7 @@ class ContainerUpdater:
             await self._settled(target, max(target.newest_due(), target.sending))
 
     async def _settled(self, target: _Target, want: int) -> None:
-        while target.tried < want and (target.sending or not target.gone):
+        while target.tried < want and (target.sending or not target.gone) and not self._closed:
             await target.settled.wait()
 
     def applied_by_call(self, container_id: str, linux: api_pb2.LinuxContainerResources) -> None:
@@ -237,7 +240,7 @@ class ContainerUpdater:
 
     # --- the workers -----------------------------------------------------------------------
     def _enqueue(self, target: _Target) -> None:
-        if target.queued or target.sending or target.retry is not None or self._closed:
+        if target.queued or target.sending or target.retry is not None or self._closing:
             return  # queued, or its worker / its retry takes the new fields along
         target.queued = True
         self._queue.append(target)
@@ -418,14 +421,12 @@ class ContainerUpdater:
         """Let what is due go out for up to `timeout` seconds, then stop the workers. Returns
         how many containers were left with an update not sent (logged): the next start's
         synchronize derives them again from the hooks' state."""
-        self._closed = True
         for target in self._targets.values():
             if target.retry is not None:  # a last try now, rather than never
                 target.retry.cancel()
                 target.retry = None
-                self._closed = False
                 self._enqueue(target)
-                self._closed = True
+        self._closing = True
         if self._workers:
             await asyncio.wait(set(self._workers), timeout=timeout)
         workers = list(self._workers)
@@ -441,6 +442,7 @@ class ContainerUpdater:
                 ", ".join(cid[:12] for cid in left[:8]) + (", ..." if len(left) > 8 else ""),
             )
         self._queue.clear()
+        self._closed = True
         for target in list(self._targets.values()):
             self._attempt_ended(target)  # nobody waits on a closed updater
         return len(left)
