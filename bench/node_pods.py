@@ -20,6 +20,7 @@ CreateContainer + StartContainer, and reported:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -44,10 +45,32 @@ SETTLED_QUIET_SECONDS = 0.5
 """The updates are done once the runtime saw none for this long."""
 
 
+class _CountingRuntime(MemoryRuntime):
+    """The memory runtime counting the updates it applied, for the bench process to read."""
+
+    def __init__(self, socket_path: Path, applied: Any) -> None:
+        super().__init__(socket_path)
+        self._applied = applied
+
+    def _update(self, raw: bytes) -> bytes:
+        answer = super()._update(raw)
+        with self._applied.get_lock():
+            self._applied.value += 1
+        return answer
+
+
+def _serve_runtime(socket_path: Path, applied: Any, stop: Any) -> None:
+    """The memory runtime in a process of its own: its threads do not take the bench's
+    (the client's) interpreter lock, as containerd takes none of crihook's."""
+    runtime = _CountingRuntime(socket_path, applied).start()
+    stop.wait()
+    runtime.stop()
+
+
 class _Node:
-    def __init__(self, stub: api_pb2_grpc.RuntimeServiceStub, runtime: MemoryRuntime) -> None:
+    def __init__(self, stub: api_pb2_grpc.RuntimeServiceStub, applied: Any) -> None:
         self.stub = stub
-        self.runtime = runtime
+        self.applied = applied
         self.started = 0
 
     def pod_start(self) -> float:
@@ -78,7 +101,7 @@ class _Node:
         return time.perf_counter() - begun
 
     def updates_seen(self) -> int:
-        return sum(len(c.updates) for c in list(self.runtime.containers.values()))
+        return int(self.applied.value)
 
     def settle(self) -> None:
         """Until the runtime saw no update for SETTLED_QUIET_SECONDS."""
@@ -121,10 +144,20 @@ def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dic
     with tempfile.TemporaryDirectory(prefix="np-", dir="/tmp") as tmp:
         workdir = Path(tmp)
         root = write_sysfs(workdir / "sys", EPYC_256_8NUMA)
-        runtime = MemoryRuntime(workdir / "rt.sock").start()
+        spawn = multiprocessing.get_context("spawn")  # no grpc state carried over a fork
+        applied, stop = spawn.Value("q", 0), spawn.Event()
+        runtime = spawn.Process(
+            target=_serve_runtime, args=(workdir / "rt.sock", applied, stop), name="runtime"
+        )
+        runtime.start()
+        deadline = time.monotonic() + 60
+        while not (workdir / "rt.sock").exists():
+            if time.monotonic() > deadline or not runtime.is_alive():
+                raise RuntimeError("the memory runtime did not start")
+            time.sleep(0.05)
         metrics = f"unix://{workdir}/metrics.sock"
         proc = CrihookProcess(
-            runtime.endpoint,
+            f"unix://{workdir}/rt.sock",
             workdir=workdir,
             hooks="cpuset,numa,oom",
             args=[
@@ -135,7 +168,7 @@ def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dic
         try:
             proc.start()
             with grpc.insecure_channel(proc.endpoint) as channel:
-                node = _Node(api_pb2_grpc.RuntimeServiceStub(channel), runtime)
+                node = _Node(api_pb2_grpc.RuntimeServiceStub(channel), applied)
                 began = time.monotonic()
                 for _ in range(pods):
                     node.pod_start()
@@ -150,7 +183,8 @@ def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dic
                 after, count_after = _window(scrape(metrics))
         finally:
             proc.stop()
-            runtime.stop()
+            stop.set()
+            runtime.join(30)
     return {
         "pods_on_node": pods,
         "measured_pod_starts": measure,

@@ -649,7 +649,9 @@ class Pipeline:
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
         if updates and not self.chain.settings.dry_run:
             if self.updates_after_answer:
-                outcome.updates = self.updater.issue(updates, call.describe())
+                # What was issued is described only for who listens (recording, replay).
+                listened = self.on_outcome is not None
+                outcome.updates = self.updater.issue(updates, call.describe(), listened)
             else:
                 outcome.updates = await self.updater.send(updates, call.describe())
 

@@ -92,9 +92,9 @@ class _Target:
     tried: int = 0
     """The highest seq an attempt covered (applied, failed or overtaken)."""
     result: SentUpdate | None = None
-    """The last attempt's, for `send`."""
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set (and replaced) each time an attempt ends."""
+    """The last attempt's, for `send` (kept only while someone waits)."""
+    settled: asyncio.Event | None = None
+    """Set (and dropped) when an attempt ends; made only when someone waits."""
     retry_delay: float = 0.0
     retry: asyncio.TimerHandle | None = None
     gone: bool = False
@@ -128,10 +128,13 @@ class ContainerUpdater:
         self.window = Histogram(WINDOW_BUCKETS)
 
     # --- issuing ---------------------------------------------------------------------------
-    def issue(self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]) -> list[SentUpdate]:
+    def issue(
+        self, updates: Iterable[PendingUpdate], extra: Mapping[str, str], describe: bool = True
+    ) -> list[SentUpdate]:
         """Queue every update (the newest per container and field) and return at once what
-        was issued: per target, the request as it would go out now, status None. `extra`:
-        the log fields of the call that produced them."""
+        was issued: per target, the request as it would go out now, status None (with
+        `describe` False, nothing: no one reads it). `extra`: the log fields of the call
+        that produced them."""
         now = time.monotonic()
         issued: dict[str, dict[str, _Due]] = {}
         for hook, update, seq in sorted(updates, key=lambda p: p.seq):
@@ -152,6 +155,8 @@ class ContainerUpdater:
             if cid in issued:
                 target.extra = extra
                 self._enqueue(target)
+        if not describe:
+            return []
         return [
             self._as_issued(self._targets[cid], fields) for cid, fields in sorted(issued.items())
         ]
@@ -168,6 +173,9 @@ class ContainerUpdater:
             for target in (self._targets.get(u.container_id) for u in issued)
             if target is not None
         ]
+        for target, _ in waits:  # waited for from now: each attempt keeps what it sent
+            if target.settled is None:
+                target.settled = asyncio.Event()
         sent = []
         for target, want in waits:
             await self._settled(target, want)
@@ -203,6 +211,8 @@ class ContainerUpdater:
 
     async def _settled(self, target: _Target, want: int) -> None:
         while target.tried < want and (target.sending or not target.gone) and not self._closed:
+            if target.settled is None:
+                target.settled = asyncio.Event()
             await target.settled.wait()
 
     def applied_by_call(self, container_id: str, linux: api_pb2.LinuxContainerResources) -> None:
@@ -286,7 +296,11 @@ class ContainerUpdater:
             raise
         target.sending = 0
         target.tried = max(target.tried, covered)
-        target.result = SentUpdate(cid, _sent(request), changed, hooks, status)
+        target.result = (  # kept while someone waits: `send` reads what went out
+            SentUpdate(cid, _sent(request), changed, hooks, status)
+            if target.settled is not None
+            else None
+        )
         if status is None:
             self._applied(target, fields, request, since)
         else:
@@ -362,8 +376,9 @@ class ContainerUpdater:
         return delay
 
     def _attempt_ended(self, target: _Target) -> None:
-        settled, target.settled = target.settled, asyncio.Event()
-        settled.set()
+        settled, target.settled = target.settled, None
+        if settled is not None:
+            settled.set()
 
     def _forget_if_gone(self, target: _Target) -> None:
         """An update issued before the container was removed can be sent after `forget`:

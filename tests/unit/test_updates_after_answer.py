@@ -142,8 +142,11 @@ def cpuset(store: Store) -> str:
 
 async def test_the_call_is_answered_before_its_update_goes_out(tmp_path: Path) -> None:
     pipeline, runtime, store = node(tmp_path)
+    told: list[Any] = []
+    pipeline.on_outcome = told.append  # (what was issued is described for who listens)
     runtime.gate.clear()
     outcome = await pipeline.handle(Event.CREATE_CONTAINER, create(1))
+    assert told == [outcome]
     assert outcome.status is None
     assert outcome.response is not None
     # What the call issued, as it goes out (the record with the pool on top), not answered yet.
