@@ -274,6 +274,7 @@ class App:
             "hooks": self.chain.status(),
             "plugins": self.plugins.status(),
             "update_failures": self.pipeline.updater.failures,
+            "updates_due": self.pipeline.updater.due(),
             "synchronize_failures": self.sync.failures,
             "store": self.store.status(),
             "recording": self.recorder.status() if self.recorder is not None else None,

@@ -202,6 +202,10 @@ class ContainerUpdater:
         target = self._targets.get(container_id)
         return target is not None and target.busy()
 
+    def due(self) -> int:
+        """How many containers have an update due or on its way (status.json)."""
+        return sum(1 for target in self._targets.values() if target.busy())
+
     async def settled(self, container_id: str) -> None:
         """Until every update due to this container now was tried (applied, or failed and
         due again later). Returns at once when none is."""

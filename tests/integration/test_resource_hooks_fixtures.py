@@ -128,8 +128,9 @@ def test_exclusive_cpus_are_kubelets_pick_and_shared_containers_follow(fixture_n
         free -= want
         expected.append(want)
         pinned.append(cid)
-        # The shared container was moved off the new exclusive CPUs before CreateContainer
-        # returned, with one UpdateContainerResources per change.
+        # The shared container is moved off the new exclusive CPUs after CreateContainer
+        # returned (updates = "after-answer"), with one UpdateContainerResources per change.
+        node.proc.updates_sent()
         assert node.cpus(shared) == frozenset(free)
     stored = node.runtime.containers[pinned[0]].resources
     assert stored.cpu_quota == -1  # no CFS quota on exclusive CPUs
