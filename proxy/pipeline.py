@@ -124,14 +124,15 @@ class _Gate:
     """Calls pass in parallel; `quiesced()` waits until none is inside and keeps new ones
     out meanwhile: hooks synchronize with the runtime while no call holds a reservation the
     runtime has not answered yet. A call enters after taking its pod's lock and waits for no
-    other lock inside, so closing the gate cannot deadlock."""
+    other lock inside, so closing the gate cannot deadlock. `idle` is set while no call is
+    inside (updates to other containers let calls go first)."""
 
-    __slots__ = ("_closing", "_idle", "_inside", "_open")
+    __slots__ = ("_closing", "_inside", "_open", "idle")
 
     def __init__(self) -> None:
         self._inside = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.idle = asyncio.Event()
+        self.idle.set()
         self._open = asyncio.Event()
         self._open.set()
         self._closing = asyncio.Lock()
@@ -140,19 +141,19 @@ class _Gate:
         while not self._open.is_set():
             await self._open.wait()
         self._inside += 1
-        self._idle.clear()
+        self.idle.clear()
 
     async def __aexit__(self, *exc: object) -> None:
         self._inside -= 1
         if not self._inside:
-            self._idle.set()
+            self.idle.set()
 
     @contextlib.asynccontextmanager
     async def quiesced(self) -> AsyncIterator[None]:
         async with self._closing:
             self._open.clear()
             try:
-                await self._idle.wait()
+                await self.idle.wait()
                 yield
             finally:
                 self._open.set()
@@ -209,15 +210,15 @@ class Pipeline:
         self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
         self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
-        self.updater = updater or ContainerUpdater(runtime, store)
+        self._gate = _Gate()
+        self.quiesced = self._gate.quiesced
+        self.updater = updater or ContainerUpdater(runtime, store, calls_idle=self._gate.idle)
         self.updates_after_answer = updates_after_answer
         self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {
             m: runtime.call(method_path("RuntimeService", m))
             for m in ("StopPodSandbox", "RemovePodSandbox")
         }
-        self._gate = _Gate()
-        self.quiesced = self._gate.quiesced
         self._seq = itertools.count(1)
         self.on_unknown_outcome: Callable[[PodView], None] | None = None
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the

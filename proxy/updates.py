@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -56,8 +57,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_PARALLEL = 16
+MAX_PARALLEL = int(__import__("os").environ.get("CRIHOOK_XP_PAR", "16"))
 UPDATE_TIMEOUT_SECONDS = 10.0
+CALLS_FIRST_SECONDS = 0.02
+"""How long an update nobody waits for lets intercepted calls in flight go first."""
 RETRY_FIRST_SECONDS = 0.2
 RETRY_MAX_SECONDS = 5.0
 REMEMBER_REMOVED = 4096
@@ -107,10 +110,19 @@ class _Target:
 
 
 class ContainerUpdater:
-    def __init__(self, runtime: Runtime, store: Store, retry: bool = True) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: Store,
+        retry: bool = True,
+        calls_idle: asyncio.Event | None = None,
+    ) -> None:
         """`retry`: send a failed update again later (a replay, which answers as the
-        recording did, does not)."""
+        recording did, does not). `calls_idle`: set while no intercepted call is in the
+        pipeline; an update nobody waits for lets calls go first (CALLS_FIRST_SECONDS at
+        most), so that the node's updates do not slow kubelet's calls."""
         self._retry = retry
+        self._calls_idle = calls_idle
         self._update = runtime.call(_UPDATE_PATH)
         self._store = store
         self._targets: dict[str, _Target] = {}
@@ -265,8 +277,15 @@ class ContainerUpdater:
 
     async def _work(self) -> None:
         """Send to queued targets until the queue is empty."""
+        idle = self._calls_idle
         while self._queue:
+            # Still marked queued while it lets calls go first: what is due meanwhile goes
+            # out with it. One somebody waits for goes at once.
             target = self._queue.popleft()
+            if idle is not None and not idle.is_set() and target.settled is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CALLS_FIRST_SECONDS):
+                        await idle.wait()
             target.queued = False
             if not target.gone:
                 await self._attempt(target)
