@@ -328,9 +328,16 @@ class ContainerUpdater:
             self._applied(target, fields, request, since)
         else:
             delay = None
-            if self._retry and not target.gone and self._worth_retrying(target, status):
+            if (
+                self._retry
+                and not self._closing
+                and not target.gone
+                and self._worth_retrying(target, status)
+            ):
                 self._due_again(target, fields, since)
                 delay = self._retry_later(target)
+            if self._closing and self._store.container(cid) is not None:
+                self._due_again(target, fields, since)  # left: counted by close()
             self._failed(target, hooks, delta, status, extra, delay)
         self._attempt_ended(target)
         if target.due and target.retry is None:

@@ -142,6 +142,29 @@ def test_exclusive_cpus_are_kubelets_pick_and_shared_containers_follow(fixture_n
 
 
 @pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_an_update_left_at_a_stop_reaches_the_shared_container_after_the_restart(
+    fixture_node: Node,
+) -> None:
+    """The runtime refuses the shared container's update until crihook stops (SIGTERM): the
+    stop says what it leaves, and the restarted crihook's synchronize moves the container."""
+    node = fixture_node
+    online = node.topology.online
+    _, shared = node.pod("burstable", None)
+    node.runtime.fail_every("UpdateContainerResources", grpc.StatusCode.UNAVAILABLE)
+    _, pinned = node.pod("g", 4)  # answered: its update goes out after the answer, and fails
+    wait_for(lambda: node.runtime.calls("UpdateContainerResources"), PATIENCE, "the update tried")
+    assert node.proc.stop() == 0
+    assert "stopping with updates to 1 container(s) not sent" in node.proc.log()
+    assert node.cpus(shared) == online  # never applied
+    node.runtime.fail_every("UpdateContainerResources", None)
+    node.proc.start()
+    want = online - node.cpus(pinned)
+    wait_for(lambda: node.cpus(shared) == want, PATIENCE, "the shared container moved")
+
+
+@pytest.mark.parametrize(
     "fixture_node",
     [machine(OFFLINE_CPUS, "[hooks.cpuset]\nreserved_cpus = 2\n", id="offline-reserved")],
     indirect=True,
