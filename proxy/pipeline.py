@@ -46,7 +46,7 @@ from crihook.proxy.passthrough import Readiness
 from crihook.proxy.placement import Placement
 from crihook.proxy.readback import ReadBack
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.updates import ContainerUpdater
+from crihook.proxy.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerUpdater
 from crihook.proxy.validate import check_request, check_resources, check_wire
 
 __all__ = ["Pipeline"]
@@ -212,7 +212,12 @@ class Pipeline:
         self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
         self._gate = _Gate()
         self.quiesced = self._gate.quiesced
-        self.updater = updater or ContainerUpdater(runtime, store, calls_idle=self._gate.idle)
+        self.updater = updater or ContainerUpdater(
+            runtime,
+            store,
+            calls_idle=self._gate.idle if updates_after_answer else None,
+            parallel=MAX_PARALLEL if updates_after_answer else WAITED_PARALLEL,
+        )
         self.updates_after_answer = updates_after_answer
         self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {

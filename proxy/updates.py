@@ -2,7 +2,7 @@
 
 Hooks return them with an adjustment (`update_container`), from any stage, or from
 `synchronize` (repairs). A call *issues* them once it succeeded (`issue`): they are queued
-per target container and sent in the background by at most `MAX_PARALLEL` workers, so the
+per target container and sent in the background by `MAX_PARALLEL` workers at most, so the
 call that caused them is answered without waiting for them (`updates = "after-answer"`, the
 default; `"before-answer"` makes the call wait, as `send` does for synchronize's repairs).
 
@@ -50,6 +50,8 @@ from crihook.proxy.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
 from crihook.proxy.store import Store
 
 __all__ = [
+    "MAX_PARALLEL",
+    "WAITED_PARALLEL",
     "WINDOW_BUCKETS",
     "ContainerUpdater",
     "build_update_request",
@@ -57,7 +59,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_PARALLEL = int(__import__("os").environ.get("CRIHOOK_XP_PAR", "16"))
+MAX_PARALLEL = 4
+"""Updates on their way at once in the background: enough to keep a runtime busy (containerd
+applies one in about 12 ms), few enough that kubelet's calls do not queue behind them."""
+WAITED_PARALLEL = 16
+"""... when a call waits for them (`before-answer`): as many as before the background."""
 UPDATE_TIMEOUT_SECONDS = 10.0
 CALLS_FIRST_SECONDS = 0.02
 """How long an update nobody waits for lets intercepted calls in flight go first."""
@@ -116,6 +122,7 @@ class ContainerUpdater:
         store: Store,
         retry: bool = True,
         calls_idle: asyncio.Event | None = None,
+        parallel: int = MAX_PARALLEL,
     ) -> None:
         """`retry`: send a failed update again later (a replay, which answers as the
         recording did, does not). `calls_idle`: set while no intercepted call is in the
@@ -123,6 +130,7 @@ class ContainerUpdater:
         most), so that the node's updates do not slow kubelet's calls."""
         self._retry = retry
         self._calls_idle = calls_idle
+        self._parallel = parallel
         self._update = runtime.call(_UPDATE_PATH)
         self._store = store
         self._targets: dict[str, _Target] = {}
@@ -270,7 +278,7 @@ class ContainerUpdater:
             return  # queued, or its worker / its retry takes the new fields along
         target.queued = True
         self._queue.append(target)
-        if len(self._workers) < MAX_PARALLEL and len(self._workers) < len(self._queue):
+        if len(self._workers) < self._parallel and len(self._workers) < len(self._queue):
             task = asyncio.create_task(self._work(), name=f"crihook-updates-{next(self._names)}")
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
