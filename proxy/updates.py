@@ -235,6 +235,10 @@ class ContainerUpdater:
 
     async def _settled(self, target: _Target, want: int) -> None:
         while target.tried < want and (target.sending or not target.gone) and not self._closed:
+            if target.retry is not None:  # someone waits: try again now, not after the backoff
+                target.retry.cancel()
+                target.retry = None
+                self._enqueue(target)
             if target.settled is None:
                 target.settled = asyncio.Event()
             await target.settled.wait()
@@ -286,17 +290,24 @@ class ContainerUpdater:
     async def _work(self) -> None:
         """Send to queued targets until the queue is empty."""
         idle = self._calls_idle
-        while self._queue:
-            # Still marked queued while it lets calls go first: what is due meanwhile goes
-            # out with it. One somebody waits for goes at once.
-            target = self._queue.popleft()
-            if idle is not None and not idle.is_set() and target.settled is None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CALLS_FIRST_SECONDS):
-                        await idle.wait()
-            target.queued = False
-            if not target.gone:
-                await self._attempt(target)
+        try:
+            while self._queue:
+                # Still marked queued while it lets calls go first: what is due meanwhile
+                # goes out with it. One somebody waits for goes at once.
+                target = self._queue.popleft()
+                if idle is not None and not idle.is_set() and target.settled is None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(CALLS_FIRST_SECONDS):
+                            await idle.wait()
+                target.queued = False
+                if not target.gone:
+                    await self._attempt(target)
+        finally:
+            # Gone from the workers now, not when the done callback runs: what is queued
+            # from here on gets a worker of its own.
+            task = asyncio.current_task()
+            if task is not None:
+                self._workers.discard(task)
 
     async def _attempt(self, target: _Target) -> None:
         cid = target.container_id
@@ -321,6 +332,9 @@ class ContainerUpdater:
             await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
         except RuntimeCallFailed as err:
             status = err.status
+        except Exception as exc:  # a bug below: said, and the update is tried again later
+            log.exception("sending the update of container %s failed", cid[:12])
+            status = Status(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:  # shutting down: due again, for the log of the close
             self._due_again(target, fields, since)
             target.sending = 0

@@ -301,3 +301,20 @@ async def test_a_close_with_a_runtime_that_does_not_answer_stops_and_says_so(
         await waiting  # nobody is left waiting on a closed updater
     assert "stopping with updates to 1 container(s) not sent" in caplog.text
     assert cpuset(store) == "2-3"
+
+
+async def test_a_call_waiting_for_an_update_in_backoff_has_it_sent_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(updates_module, "RETRY_FIRST_SECONDS", 3600.0)  # a backoff never ending
+    pipeline, runtime, store = node(tmp_path)
+    runtime.fail = 1
+    await pipeline.handle(Event.CREATE_CONTAINER, create(1))
+    await settled(pipeline)  # failed: sent again in an hour
+    await pipeline.handle(Event.CREATE_CONTAINER, create(2))  # due too, behind the backoff
+    async with asyncio.timeout(PATIENCE):
+        outcome = await pipeline.handle(Event.STOP_CONTAINER, on_shared(Event.STOP_CONTAINER))
+    assert outcome.status is None
+    assert runtime.updates() == [(SHARED, "1"), (SHARED, "2")]
+    assert [m for m, _ in runtime.calls][-1] == "StopContainer"
+    assert cpuset(store) == "2"
