@@ -58,9 +58,6 @@ _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
 _POD_ID_EVENTS = frozenset(
     {Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.UPDATE_POD_SANDBOX_RESOURCES}
 )
-# Statuses after which the runtime may have carried the call out or not: the connection
-# broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
-# did not classify, after cleaning up: a failure.)
 _WAIT_FOR_UPDATES = frozenset(
     {
         Event.UPDATE_CONTAINER_RESOURCES,
@@ -71,6 +68,9 @@ _WAIT_FOR_UPDATES = frozenset(
 )
 """Calls on a container that first wait for the update due to it (issued by another pod's
 call): kubelet and the hooks then see the resources crihook gave it, never older ones."""
+# Statuses after which the runtime may have carried the call out or not: the connection
+# broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
+# did not classify, after cleaning up: a failure.)
 _UNKNOWN_OUTCOME = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
