@@ -133,6 +133,8 @@ def _window(samples: dict[Any, float]) -> tuple[dict[float, float], float]:
 def _quantile_bound(before: dict[float, float], after: dict[float, float], q: float) -> float:
     """The bucket bound under which a fraction q of the windows observed in between fell."""
     total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    if not total:
+        return float("nan")  # no update in between
     for bound in sorted(after):
         if after[bound] - before.get(bound, 0.0) >= q * total:
             return bound

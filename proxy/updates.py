@@ -66,7 +66,8 @@ WAITED_PARALLEL = 16
 """... when a call waits for them (`before-answer`): as many as before the background."""
 UPDATE_TIMEOUT_SECONDS = 10.0
 CALLS_FIRST_SECONDS = 0.02
-"""How long an update nobody waits for lets intercepted calls in flight go first."""
+"""How long after it became due an update nobody waits for lets intercepted calls in flight
+go first."""
 RETRY_FIRST_SECONDS = 0.2
 RETRY_MAX_SECONDS = 5.0
 REMEMBER_REMOVED = 4096
@@ -126,8 +127,8 @@ class ContainerUpdater:
     ) -> None:
         """`retry`: send a failed update again later (a replay, which answers as the
         recording did, does not). `calls_idle`: set while no intercepted call is in the
-        pipeline; an update nobody waits for lets calls go first (CALLS_FIRST_SECONDS at
-        most), so that the node's updates do not slow kubelet's calls."""
+        pipeline; an update nobody waits for lets calls go first (until CALLS_FIRST_SECONDS
+        after it became due), so that the node's updates slow kubelet's calls less."""
         self._retry = retry
         self._calls_idle = calls_idle
         self._parallel = parallel
@@ -296,9 +297,13 @@ class ContainerUpdater:
                 # goes out with it. One somebody waits for goes at once.
                 target = self._queue.popleft()
                 if idle is not None and not idle.is_set() and target.settled is None:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(CALLS_FIRST_SECONDS):
-                            await idle.wait()
+                    # At most CALLS_FIRST_SECONDS after it became due: the calls' turn adds
+                    # that much to the window at most, however many containers wait.
+                    left = target.due_since + CALLS_FIRST_SECONDS - time.monotonic()
+                    if left > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(left):
+                                await idle.wait()
                 target.queued = False
                 if not target.gone:
                     await self._attempt(target)
