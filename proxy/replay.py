@@ -14,7 +14,7 @@ the recorded pods, containers and states; calls go through the same pipeline cor
 reaches a real runtime, a plugin or the host.
 
 Compared per call: the status it ended with, what was forwarded (field by field, redacted as
-the recording was), the updates sent to other containers, and what hooks did to the host;
+the recording was), the updates issued to other containers, and what hooks did to the host;
 per synchronize: the repairs sent. Exit status: 0 everything matches, 1 a difference, 2 the
 file is missing, unreadable or corrupt (the line is named) or the configuration is bad.
 `--update` rewrites the recording's expectations with what the replay did instead.
