@@ -3,6 +3,7 @@
     python -m bench.run [--quick] [--reps N] [--duration S] [--json FILE]
                         [--real-containerd | --no-real-containerd] [--containerd 1.6|2]
                         [--scenario NAME ...] [--lifecycle]
+    python -m bench.run --node-pods 0,100,500,1000   (bench.node_pods: pod start on a full node)
 
 For each backend (the fake runtime, and a real containerd from tests.lab), each method
 (ListContainers: pass-through; CreateContainer: intercepted) and each concurrency (1, 16) it
@@ -39,7 +40,7 @@ from typing import IO, Any, Protocol
 
 import grpc
 
-from bench import loadgen, payloads
+from bench import loadgen, node_pods, payloads
 from bench.procfs import descendants, rss_bytes
 from crihook.api.cri.v1 import api_pb2
 
@@ -1230,6 +1231,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="crihook scenario(s) to measure (default: every default one in SCENARIOS): "
         + ", ".join(s.name for s in SCENARIOS),
     )  # fmt: skip
+    p.add_argument(
+        "--node-pods", metavar="N,N,...",
+        help="instead of the cells: pod start on a node already holding N pods (bench.node_pods)",
+    )  # fmt: skip
+    p.add_argument(
+        "--node-pods-updates", choices=("after-answer", "before-answer"),
+        default="after-answer", help="crihook's `updates` setting for --node-pods",
+    )  # fmt: skip
+    p.add_argument(
+        "--node-pods-measure", type=int, default=50, metavar="M",
+        help="pod starts measured per count for --node-pods (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="write raw results and the summary here")
     p.add_argument("--seed", type=int, default=None, help="cell-order shuffle seed")
     p.add_argument("--crihook-cmd", help="command that runs crihook (default: venv's crihook)")
@@ -1372,6 +1385,10 @@ def _workdir(keep: bool) -> Iterator[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.node_pods:
+        counts = [int(n) for n in args.node_pods.split(",")]
+        print(node_pods.run_node_pods(counts, args.node_pods_measure, args.node_pods_updates))
+        return 0
     started = time.monotonic()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     records: list[dict[str, Any]] = []

@@ -7,7 +7,8 @@ here, exit 2) → socket bound and serving at once
 reconciled with the runtime, container resources as the runtime reports them → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
 (they get the same snapshot when they connect) → ready. Shutdown (SIGTERM/SIGINT):
-stop accepting, let calls in flight finish within the grace, close hooks and channels.
+stop accepting, let calls in flight finish within the grace, let the updates they issued go
+out (briefly), close hooks and channels.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ SOCKET_CHECK_SECONDS = 1.0
 # How long readiness waits for the plugins loaded at start to connect: a plugin that is up
 # should see the first call; one that is down must not keep the node from starting.
 PLUGIN_CONNECT_WAIT_SECONDS = 2.0
+# At shutdown, how long the updates the last calls issued may take to go out.
+UPDATES_DRAIN_SECONDS = 3.0
 
 
 class App:
@@ -114,6 +117,7 @@ class App:
             placement,
             node_hugepage_sizes(self.node),
             read_back=settings.runtime.read_back,
+            updates_after_answer=settings.runtime.updates == "after-answer",
         )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
@@ -165,6 +169,7 @@ class App:
                     changed_after=lambda: (
                         self.pipeline.read_back.counts if self.pipeline.read_back else {}
                     ),
+                    update_window=lambda: self.pipeline.updater.window,
                 )
             )
         # Who hears each intercepted call's outcome; with none, calls skip the tracing.
@@ -275,6 +280,7 @@ class App:
             "hooks": self.chain.status(),
             "plugins": self.plugins.status(),
             "update_failures": self.pipeline.updater.failures,
+            "updates_due": self.pipeline.updater.due(),
             "synchronize_failures": self.sync.failures,
             "store": self.store.status(),
             "recording": self.recorder.status() if self.recorder is not None else None,
@@ -474,6 +480,9 @@ class App:
             sdnotify.stopping()
             self.stopped_at = time.time()
             await server.stop(settings.server.shutdown_grace_seconds)
+            # The calls are done: what they issued goes out, briefly, before the runtime's
+            # channel closes; what cannot is sent again by the next start's synchronize.
+            await self.pipeline.updater.close(UPDATES_DRAIN_SECONDS)
             for task in self._tasks:
                 task.cancel()
             for task in self._tasks:

@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how calls cross crihook: h2 (crihook's own HTTP/2, the default) or grpc (grpc.aio)",
     )
     serve.add_argument(
+        "--updates",
+        choices=("after-answer", "before-answer"),
+        help="when updates to other containers (shared pools) go out: after-answer (in the "
+        "background, the default) or before-answer (the call that caused them waits)",
+    )
+    serve.add_argument(
         "--sysfs-root",
         help="where the node topology is read: <root>/devices/system/{cpu,node} (default /sys)",
     )

@@ -52,6 +52,8 @@ DEFAULT_SYSFS_ROOT = Path("/sys")
 DEFAULT_STAGING_DIR = Path("/run/crihook/mounts")
 CONFLICT_MODES = ("error", "precedence")
 DATA_PATHS = ("grpc", "h2")
+UPDATE_MODES = ("after-answer", "before-answer")
+"""`updates`: the updates to other containers go out after kubelet's answer, or before."""
 
 _HOOK_NAME = re.compile(r"^(\d{2})-([a-z0-9][a-z0-9_.-]*)$")
 _MAX_UNIX_PATH = 107
@@ -99,6 +101,10 @@ class RuntimeSettings:
     reconcile_seconds: float = 10.0
     """How often the runtime is listed for pods and containers removed without crihook
     (kubelet's CPU manager reconciles every 10 s too)."""
+    updates: str = "after-answer"
+    """When the updates hooks ask for to other containers (a shared pool shrunk by an
+    exclusive CPU) go out: `after-answer` (in the background, once kubelet has its answer)
+    or `before-answer` (the call waits for them)."""
 
     @property
     def image_target(self) -> str:
@@ -319,6 +325,7 @@ _TOP_KEYS = {
     "data_path",
     "runtime_startup_wait_max_seconds",
     "reconcile_seconds",
+    "updates",
     "hooks",
     "node",
     "record",
@@ -575,6 +582,8 @@ def settings_from_toml(doc: Mapping[str, Any]) -> Settings:
         runtime["read_back"] = _typed("read_back", doc["read_back"], bool, "true or false")
     if "reconcile_seconds" in doc:
         runtime["reconcile_seconds"] = _positive("reconcile_seconds", doc["reconcile_seconds"])
+    if "updates" in doc:
+        runtime["updates"] = _choice("updates", doc["updates"], UPDATE_MODES)
     if "state_dir" in doc:
         top["state_dir"] = _abs_path("state_dir", doc["state_dir"])
     if "plugins_dir" in doc:
@@ -637,6 +646,8 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         )
     if flags.get("data_path") is not None:
         server = replace(server, data_path=_choice("--data-path", flags["data_path"], DATA_PATHS))
+    if flags.get("updates") is not None:
+        runtime = replace(runtime, updates=_choice("--updates", flags["updates"], UPDATE_MODES))
     if flags.get("runtime_endpoint") is not None:
         runtime = replace(
             runtime, endpoint=normalize_endpoint("--runtime-endpoint", flags["runtime_endpoint"])

@@ -38,6 +38,7 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
         "runtime_startup_wait_max_seconds": runtime.startup_wait_max_seconds,
         "read_back": runtime.read_back,
         "reconcile_seconds": runtime.reconcile_seconds,
+        "updates": runtime.updates,
         "state_dir": str(settings.state_dir),
         "plugins_dir": str(chain.plugins_dir),
         "log_format": settings.log_format,

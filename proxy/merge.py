@@ -36,6 +36,7 @@ __all__ = [
     "apply_change",
     "from_jsonable",
     "jsonable",
+    "next_order",
     "stamp",
 ]
 
@@ -82,6 +83,12 @@ class PendingUpdate(NamedTuple):
     update: ContainerUpdate
     seq: int
     """When the hook produced it: for one container and field, a later one wins."""
+
+
+def next_order() -> int:
+    """The next number in the order updates are produced (a call that sets resources itself
+    takes one too: what it set is newer than any update numbered before)."""
+    return next(_ORDER)
 
 
 def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:

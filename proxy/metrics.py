@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,11 +52,13 @@ from crihook import __version__
 from crihook.hooks.spec import Adjustment, PoolUsage
 from crihook.proxy.chain import Chain, failures_of
 from crihook.proxy.dropin_files import Distrust
+from crihook.proxy.histogram import Histogram
 from crihook.proxy.local_hooks import LocalHook
 from crihook.proxy.methods import known_methods
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.store import Store
+from crihook.proxy.updates import WINDOW_BUCKETS
 
 __all__ = [
     "CALL_BUCKETS",
@@ -112,21 +113,6 @@ _HOOK_COUNTERS = (
 )
 
 
-class Histogram:
-    """Bucket counts and a sum, in plain Python (the loop is the only writer)."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # bucket i: value <= bounds[i]
-        self.total += value
-
-
 @dataclass(frozen=True)
 class Sources:
     """What metrics read when scraped (all owned by the event loop)."""
@@ -141,6 +127,9 @@ class Sources:
     """Plugin drop-ins (and directories) refused as untrusted, by reason (`Distrust`)."""
     changed_after: Callable[[], Mapping[str, int]] = dict
     """Fields hooks set that the runtime made otherwise (proxy.readback), by field."""
+    update_window: Callable[[], Histogram | None] = lambda: None
+    """Seconds from a container due new resources (another pod's call) until the runtime
+    applied them (proxy.updates)."""
 
 
 class Metrics:
@@ -236,6 +225,7 @@ class Metrics:
             refused_dropins=dict(sources.refused_dropins()),
             ready=sources.readiness.ready,
             changed_after=dict(sources.changed_after()),
+            update_window=_counts(sources.update_window()),
         )
 
     def collect(self) -> list[Metric]:
@@ -278,6 +268,7 @@ class Snapshot:
     ready: bool
     refused_dropins: dict[str, int]
     changed_after: dict[str, int] = dataclass_field(default_factory=dict)
+    update_window: Counts | None = None
 
     def families(self) -> list[Metric]:
         return [*self._call_families(), *self._hook_families(), *self._node_families()]
@@ -405,6 +396,16 @@ class Snapshot:
             "Updates to other containers (UpdateContainerResources for hooks) that failed",
             value=self.update_failures,
         )
+        if self.update_window is not None:
+            yield _histogram(
+                "crihook_container_update_window_seconds",
+                "From a container due new resources (a shared pool another pod's exclusive "
+                "CPUs shrank) until the runtime applied them: how long it may still run on "
+                "CPUs handed out",
+                (),
+                WINDOW_BUCKETS,
+                {(): self.update_window},
+            )
         changed = CounterMetricFamily(
             "crihook_fields_changed_after_crihook",
             "Fields a hook set on a new container that the runtime made otherwise (an NRI "
@@ -440,6 +441,10 @@ class Snapshot:
         )
         info.add_metric((__version__, platform.python_version(), sys.implementation.name), 1.0)
         yield info
+
+
+def _counts(histogram: Histogram | None) -> Counts | None:
+    return None if histogram is None else (tuple(histogram.counts), histogram.total)
 
 
 def _histogram(

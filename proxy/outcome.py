@@ -3,8 +3,9 @@
 The core (`proxy.pipeline.Pipeline.handle`) takes a method, the request bytes, the metadata
 and a deadline, drives a `Runtime`, and returns an `Outcome`: what was forwarded (the bytes
 kubelet sent when nothing changed), the runtime's answer or the status the call ends with,
-each hook's verdict, adjustment and timing, and the updates sent to other containers. The
-gRPC server, recording and replay all sit on this value.
+each hook's verdict, adjustment and timing, and the updates to other containers it issued
+(sent after the answer, or before it with `updates = "before-answer"`). The gRPC server,
+recording and replay all sit on this value.
 
     Runtime ── call(path) ──▶ UnaryCall(request, timeout=, metadata=) -> bytes
                               raises RuntimeCallFailed(Status) for the runtime's error status
@@ -97,7 +98,8 @@ class HookRun(NamedTuple):
 
 
 class SentUpdate(NamedTuple):
-    """An UpdateContainerResources crihook sent for hooks after a call (or a synchronize)."""
+    """An UpdateContainerResources crihook issued for hooks after a call (or a synchronize):
+    sent and answered (`status`), or queued to go out after the answer (status None)."""
 
     container_id: str
     resources: Mapping[str, Any]
@@ -106,7 +108,7 @@ class SentUpdate(NamedTuple):
     """The fields the hooks asked to change, and their values."""
     hooks: Sequence[str]
     status: Status | None
-    """None: the runtime applied it."""
+    """None: the runtime applied it, or (issued after the answer) it is on its way."""
 
 
 class Outcome:

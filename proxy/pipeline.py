@@ -2,7 +2,8 @@
 
     decode → views (from the request or the store) → per-pod lock → pre stage (chain) →
     encode only if something changed → runtime → store (+ audit) → post stage →
-    updates to other containers → the runtime's response bytes, unchanged.
+    updates to other containers issued (sent in the background, proxy.updates) → the
+    runtime's response bytes, unchanged.
 
 `Pipeline.handle(method, request bytes, metadata, deadline)` drives a `Runtime` and returns an
 `Outcome` (see `proxy.outcome`): the gRPC server is a thin adapter that turns it into an
@@ -45,7 +46,7 @@ from crihook.proxy.passthrough import Readiness
 from crihook.proxy.placement import Placement
 from crihook.proxy.readback import ReadBack
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.updates import ContainerUpdater
+from crihook.proxy.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerUpdater
 from crihook.proxy.validate import check_request, check_resources, check_wire
 
 __all__ = ["Pipeline"]
@@ -57,6 +58,16 @@ _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
 _POD_ID_EVENTS = frozenset(
     {Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.UPDATE_POD_SANDBOX_RESOURCES}
 )
+_WAIT_FOR_UPDATES = frozenset(
+    {
+        Event.UPDATE_CONTAINER_RESOURCES,
+        Event.START_CONTAINER,
+        Event.STOP_CONTAINER,
+        Event.REMOVE_CONTAINER,
+    }
+)
+"""Calls on a container that first wait for the update due to it (issued by another pod's
+call): kubelet and the hooks then see the resources crihook gave it, never older ones."""
 # Statuses after which the runtime may have carried the call out or not: the connection
 # broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
 # did not classify, after cleaning up: a failure.)
@@ -113,14 +124,15 @@ class _Gate:
     """Calls pass in parallel; `quiesced()` waits until none is inside and keeps new ones
     out meanwhile: hooks synchronize with the runtime while no call holds a reservation the
     runtime has not answered yet. A call enters after taking its pod's lock and waits for no
-    other lock inside, so closing the gate cannot deadlock."""
+    other lock inside, so closing the gate cannot deadlock. `idle` is set while no call is
+    inside (updates to other containers let calls go first)."""
 
-    __slots__ = ("_closing", "_idle", "_inside", "_open")
+    __slots__ = ("_closing", "_inside", "_open", "idle")
 
     def __init__(self) -> None:
         self._inside = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.idle = asyncio.Event()
+        self.idle.set()
         self._open = asyncio.Event()
         self._open.set()
         self._closing = asyncio.Lock()
@@ -129,19 +141,19 @@ class _Gate:
         while not self._open.is_set():
             await self._open.wait()
         self._inside += 1
-        self._idle.clear()
+        self.idle.clear()
 
     async def __aexit__(self, *exc: object) -> None:
         self._inside -= 1
         if not self._inside:
-            self._idle.set()
+            self.idle.set()
 
     @contextlib.asynccontextmanager
     async def quiesced(self) -> AsyncIterator[None]:
         async with self._closing:
             self._open.clear()
             try:
-                await self._idle.wait()
+                await self.idle.wait()
                 yield
             finally:
                 self._open.set()
@@ -181,9 +193,13 @@ class Pipeline:
         placement: Placement | None = None,
         hugepage_sizes: Collection[str] = (),
         read_back: bool = False,
+        updates_after_answer: bool = True,
+        updater: ContainerUpdater | None = None,
     ) -> None:
         """`read_back`: after each CreateContainer a hook adjusted, compare what the runtime
-        made with what the hooks set (proxy.readback), in the background."""
+        made with what the hooks set (proxy.readback), in the background.
+        `updates_after_answer`: updates to other containers go out after the call is
+        answered (issued, sent in the background); False: the call waits for them."""
         self.runtime = runtime
         self.hugepage_sizes = frozenset(hugepage_sizes)
         """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
@@ -194,14 +210,20 @@ class Pipeline:
         self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
         self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
-        self.updater = ContainerUpdater(runtime, store)
+        self._gate = _Gate()
+        self.quiesced = self._gate.quiesced
+        self.updater = updater or ContainerUpdater(
+            runtime,
+            store,
+            calls_idle=self._gate.idle if updates_after_answer else None,
+            parallel=MAX_PARALLEL if updates_after_answer else WAITED_PARALLEL,
+        )
+        self.updates_after_answer = updates_after_answer
         self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {
             m: runtime.call(method_path("RuntimeService", m))
             for m in ("StopPodSandbox", "RemovePodSandbox")
         }
-        self._gate = _Gate()
-        self.quiesced = self._gate.quiesced
         self._seq = itertools.count(1)
         self.on_unknown_outcome: Callable[[PodView], None] | None = None
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
@@ -284,6 +306,14 @@ class Pipeline:
         outcome.container = call.container
         trace = outcome.trace
         async with self._locks.hold(call.lock_key), self._gate:
+            if (
+                event in _WAIT_FOR_UPDATES
+                and call.container is not None
+                and self.updater.pending(call.container.id)
+            ):
+                await self.updater.settled(call.container.id)
+                self._views(call)  # the update changed the container's record
+                outcome.container = call.container
             outcome.seq = next(self._seq)
             ran: list[str] = []  # hooks whose pre stage ran: told if the call fails
             try:
@@ -558,8 +588,11 @@ class Pipeline:
             self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
             if self.read_back is not None and merger is not None and merger.owners:
                 self.read_back.after_create(response.container_id, merger.owners, merger.values)
-        elif event is Event.UPDATE_CONTAINER_RESOURCES and call.container_record is not None:
+        elif event is Event.UPDATE_CONTAINER_RESOURCES:
+            self.updater.applied_by_call(req.container_id, req.linux)
             record = call.container_record
+            if record is None:
+                return
             # As containerd applies it: what the update leaves unset stays as it was.
             res = resources_updated(record.view.resources, req.linux)
             record.view = replace(record.view, resources=res)
@@ -621,7 +654,12 @@ class Pipeline:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
         if updates and not self.chain.settings.dry_run:
-            outcome.updates = await self.updater.send(updates, call.describe())
+            if self.updates_after_answer:
+                # What was issued is described only for who listens (recording, replay).
+                listened = self.on_outcome is not None
+                outcome.updates = self.updater.issue(updates, call.describe(), listened)
+            else:
+                outcome.updates = await self.updater.send(updates, call.describe())
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:

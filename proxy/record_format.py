@@ -23,7 +23,7 @@
   forwarded one as its `changes` (field path → new value; rendering it whole again would
   cost a recording as much as the call itself); the runtime's answer
   or the status the call ended with (`origin`: crihook, runtime or kubelet); each hook's
-  verdict, adjustment (or hints) and time; the updates sent to other containers; what hooks
+  verdict, adjustment (or hints) and time; the updates issued to other containers; what hooks
   asked the node and the runtime (`observed`), so a replay can answer the same way.
 - `seq` is the order in which calls entered the chain (lines are written as calls end).
 

@@ -14,7 +14,7 @@ the recorded pods, containers and states; calls go through the same pipeline cor
 reaches a real runtime, a plugin or the host.
 
 Compared per call: the status it ended with, what was forwarded (field by field, redacted as
-the recording was), the updates sent to other containers, and what hooks did to the host;
+the recording was), the updates issued to other containers, and what hooks did to the host;
 per synchronize: the repairs sent. Exit status: 0 everything matches, 1 a difference, 2 the
 file is missing, unreadable or corrupt (the line is named) or the configuration is bad.
 `--update` rewrites the recording's expectations with what the replay did instead.
@@ -70,6 +70,7 @@ from crihook.proxy.replay_plugins import StandIns, base_name
 from crihook.proxy.replay_seams import RecordedNetlink, RecordedNode, RecordedRuntime
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.sync import Synchronizer, SyncReport
+from crihook.proxy.updates import ContainerUpdater
 
 __all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 
@@ -237,6 +238,10 @@ class _SegmentReplay:
             self.readiness,
             placement,
             node_hugepage_sizes(topology),  # the recorded node's: the same door
+            # Updates go out before the next call, answered as recorded, never retried:
+            # what a call issued is compared whatever the recorded `updates` setting was.
+            updates_after_answer=False,
+            updater=ContainerUpdater(self.runtime, store, retry=False),
         )
         self.outcomes: list[Outcome] = []
         self.pipeline.on_outcome = self.outcomes.append

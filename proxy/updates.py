@@ -1,145 +1,459 @@
 """Updates to other containers that hooks ask for: UpdateContainerResources crihook sends.
 
 Hooks return them with an adjustment (`update_container`), from any stage, or from
-`synchronize` (repairs). They are sent after the call that produced them succeeded, together
-(at most `MAX_PARALLEL` at once: one runtime call each, milliseconds on containerd), before
-kubelet hears OK. Calls of different pods run in parallel, so two calls may update the same
-container at once; each update carries the order in which hooks produced it, and per
-container and field only the newest is applied: a shared pool computed earlier never
-overwrites one computed later.
+`synchronize` (repairs). A call *issues* them once it succeeded (`issue`): they are queued
+per target container and sent in the background by `MAX_PARALLEL` workers at most, so the
+call that caused them is answered without waiting for them (`updates = "after-answer"`, the
+default; `"before-answer"` makes the call wait, as `send` does for synchronize's repairs).
 
-Each request carries the container's current resources with the delta on top (a runtime
-may read an absent field as "set to zero"). A failure is logged, counted and kept in the
-target's record (shown by `crihook state`); it never fails the call that produced it.
+Per target container, in order and coalesced: each update carries the order in which hooks
+produced it (`PendingUpdate.seq`), and per container and field only the newest is due. A
+container due several shared pools gets only the newest; one overtaken before it went out
+is never sent. A target is in the queue once, and one worker at a time sends to it.
+
+Each request carries the container's current resources (the store's record when it goes
+out) with the due fields on top (a runtime may read an absent field as "set to zero").
+
+A later call that names a target with an update due or on its way first waits (`settled`)
+until that update was tried: sent, or failed. A failure is logged with the call that issued
+it, counted and kept in the target's record (shown by `crihook state`); the fields go back to
+due (unless something newer is due) and are sent again after a backoff (0.2 s doubling to
+5 s), so the newest value always goes out in the end. NOT_FOUND is not retried: the
+container is gone (the reconcile forgets it). An update is a whole set of resources, so
+sending it again does what sending it once does.
+
+`window`: seconds from when a container was due new resources until the runtime applied
+them: the time a shared container can still run on a CPU just handed out exclusively.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import grpc
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
 from crihook.hooks.spec.views import resources_updated
-from crihook.proxy.merge import PendingUpdate
+from crihook.proxy.histogram import Histogram
+from crihook.proxy.merge import PendingUpdate, next_order
 from crihook.proxy.methods import method_path
 from crihook.proxy.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
 from crihook.proxy.store import Store
 
-__all__ = ["ContainerUpdater", "build_update_request"]
+__all__ = [
+    "MAX_PARALLEL",
+    "WAITED_PARALLEL",
+    "WINDOW_BUCKETS",
+    "ContainerUpdater",
+    "build_update_request",
+]
 
 log = logging.getLogger(__name__)
 
-MAX_PARALLEL = 16
+MAX_PARALLEL = 4
+"""Updates on their way at once in the background: enough to keep a runtime busy (containerd
+applies one in about 12 ms), few enough that kubelet's calls do not queue behind them."""
+WAITED_PARALLEL = 16
+"""... when a call waits for them (`before-answer`): as many as before the background."""
 UPDATE_TIMEOUT_SECONDS = 10.0
+CALLS_FIRST_SECONDS = 0.02
+"""How long after it became due an update nobody waits for lets intercepted calls in flight
+go first."""
+RETRY_FIRST_SECONDS = 0.2
+RETRY_MAX_SECONDS = 5.0
+REMEMBER_REMOVED = 4096
+WINDOW_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Seconds: from due to applied; kubelet's own CPU manager lives with up to 10 s."""
 _UPDATE_PATH = method_path("RuntimeService", "UpdateContainerResources")
 
 
-@dataclass
+class _Due(NamedTuple):
+    value: Any
+    seq: int
+    hook: str
+
+
+@dataclass(eq=False)
 class _Target:
-    lock: asyncio.Lock
-    applied: dict[str, int]
-    """Field name → seq of the newest update applied."""
+    """One container's updates: what is due, what went out, who waits."""
 
+    container_id: str
+    applied: dict[str, int] = field(default_factory=dict)
+    """Field name → seq of the newest value the runtime applied (crihook's or a call's)."""
+    due: dict[str, _Due] = field(default_factory=dict)
+    due_since: float = 0.0
+    """time.monotonic() when the oldest due field became due (0.0: nothing due)."""
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """The log fields of the newest call that issued an update to it."""
+    queued: bool = False
+    sending: int = 0
+    """The highest seq on its way now (0: nothing is)."""
+    tried: int = 0
+    """The highest seq an attempt covered (applied, failed or overtaken)."""
+    result: SentUpdate | None = None
+    """The last attempt's, for `send` (kept only while someone waits)."""
+    settled: asyncio.Event | None = None
+    """Set (and dropped) when an attempt ends; made only when someone waits."""
+    retry_delay: float = 0.0
+    retry: asyncio.TimerHandle | None = None
+    gone: bool = False
 
-REMEMBER_REMOVED = 4096
+    def newest_due(self) -> int:
+        return max((d.seq for d in self.due.values()), default=0)
+
+    def busy(self) -> bool:
+        return bool(self.due) or self.sending > 0
 
 
 class ContainerUpdater:
-    def __init__(self, runtime: Runtime, store: Store) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: Store,
+        retry: bool = True,
+        calls_idle: asyncio.Event | None = None,
+        parallel: int = MAX_PARALLEL,
+    ) -> None:
+        """`retry`: send a failed update again later (a replay, which answers as the
+        recording did, does not). `calls_idle`: set while no intercepted call is in the
+        pipeline; an update nobody waits for lets calls go first (until CALLS_FIRST_SECONDS
+        after it became due), so that the node's updates slow kubelet's calls less."""
+        self._retry = retry
+        self._calls_idle = calls_idle
+        self._parallel = parallel
         self._update = runtime.call(_UPDATE_PATH)
         self._store = store
         self._targets: dict[str, _Target] = {}
-        self._slots = asyncio.Semaphore(MAX_PARALLEL)
+        self._queue: collections.deque[_Target] = collections.deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._names = itertools.count(1)
+        self._closing = False
+        """Closing: nothing more is queued."""
+        self._closed = False
+        """Closed: nobody waits for an update any more."""
         self._removed: dict[str, None] = {}
         """Ids of containers removed lately (oldest first, at most REMEMBER_REMOVED): an update
         still on its way to one is answered NOT_FOUND, and that is no failure."""
         self.failures = 0
+        self.window = Histogram(WINDOW_BUCKETS)
+
+    # --- issuing ---------------------------------------------------------------------------
+    def issue(
+        self, updates: Iterable[PendingUpdate], extra: Mapping[str, str], describe: bool = True
+    ) -> list[SentUpdate]:
+        """Queue every update (the newest per container and field) and return at once what
+        was issued: per target, the request as it would go out now, status None (with
+        `describe` False, nothing: no one reads it). `extra`: the log fields of the call
+        that produced them."""
+        now = time.monotonic()
+        issued: dict[str, dict[str, _Due]] = {}
+        for hook, update, seq in sorted(updates, key=lambda p: p.seq):
+            cid = update.container_id
+            target = self._targets.get(cid)
+            if target is None:
+                target = self._targets[cid] = _Target(cid)
+            for name, value in update.resources.items():
+                if seq <= target.applied.get(name, 0):
+                    continue  # overtaken: a newer value is already in place
+                current = target.due.get(name)
+                if current is not None and current.seq >= seq:
+                    continue
+                if not target.due:
+                    target.due_since = target.due_since or now
+                target.due[name] = _Due(value, seq, hook)
+                issued.setdefault(cid, {})[name] = target.due[name]
+            if cid in issued:
+                target.extra = extra
+                self._enqueue(target)
+        if not describe:
+            return []
+        return [
+            self._as_issued(self._targets[cid], fields) for cid, fields in sorted(issued.items())
+        ]
 
     async def send(
         self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]
     ) -> list[SentUpdate]:
-        """Send every update (the newest per container and field); returns, once all were
-        answered, what was sent, by container id. `extra`: the log fields of the call that
-        produced them."""
-        by_target: dict[str, list[PendingUpdate]] = {}
-        for pending in updates:
-            by_target.setdefault(pending.update.container_id, []).append(pending)
-        sent = await asyncio.gather(
-            *(self._send_one(cid, todo, extra) for cid, todo in sorted(by_target.items()))
+        """Issue every update and wait until each target's was tried; returns what was sent
+        (the runtime's answer in `status`), by container id. For a start's or a reconcile's
+        repairs, and the `before-answer` setting."""
+        issued = self.issue(updates, extra)
+        waits = [
+            (target, max(target.newest_due(), target.sending))
+            for target in (self._targets.get(u.container_id) for u in issued)
+            if target is not None
+        ]
+        for target, _ in waits:  # waited for from now: each attempt keeps what it sent
+            if target.settled is None:
+                target.settled = asyncio.Event()
+        sent = []
+        for target, want in waits:
+            await self._settled(target, want)
+            if target.result is not None:
+                sent.append(target.result)
+        return sent
+
+    def _as_issued(self, target: _Target, fields: Mapping[str, _Due]) -> SentUpdate:
+        """What goes out for these fields: the record with everything due on top (what an
+        update issued earlier and not sent yet sets, too), as it will be once sent."""
+        container_id = target.container_id
+        delta = ResourceDelta(**{name: due.value for name, due in target.due.items()})
+        record = self._store.container(container_id)
+        request = build_update_request(
+            ContainerUpdate(container_id, delta), record.view if record else None
         )
-        return [update for update in sent if update is not None]
+        changed = {name: due.value for name, due in fields.items()}
+        hooks = sorted({due.hook for due in fields.values()})
+        return SentUpdate(container_id, _sent(request), changed, hooks, None)
+
+    # --- what later calls wait for ---------------------------------------------------------
+    def pending(self, container_id: str) -> bool:
+        """An update to this container is due or on its way."""
+        target = self._targets.get(container_id)
+        return target is not None and target.busy()
+
+    def due(self) -> int:
+        """How many containers have an update due or on its way (status.json)."""
+        return sum(1 for target in self._targets.values() if target.busy())
+
+    async def settled(self, container_id: str) -> None:
+        """Until every update due to this container now was tried (applied, or failed and
+        due again later). Returns at once when none is."""
+        target = self._targets.get(container_id)
+        if target is not None and target.busy():
+            await self._settled(target, max(target.newest_due(), target.sending))
+
+    async def _settled(self, target: _Target, want: int) -> None:
+        while target.tried < want and (target.sending or not target.gone) and not self._closed:
+            if target.retry is not None:  # someone waits: try again now, not after the backoff
+                target.retry.cancel()
+                target.retry = None
+                self._enqueue(target)
+            if target.settled is None:
+                target.settled = asyncio.Event()
+            await target.settled.wait()
+
+    def applied_by_call(self, container_id: str, linux: api_pb2.LinuxContainerResources) -> None:
+        """The runtime applied an UpdateContainerResources kubelet sent (as the hooks
+        adjusted it): the fields it set are newer than any update issued before, which must
+        not overwrite them when they go out (a retry after a failure)."""
+        target = self._targets.get(container_id)
+        if target is None:
+            return
+        seq = next_order()
+        for desc, value in linux.ListFields():
+            if not value:
+                continue  # 0 or empty: containerd keeps the field
+            target.applied[desc.name] = seq
+            target.due.pop(desc.name, None)
+        if not target.due and not target.sending:
+            target.due_since = 0.0
 
     def forget(self, container_id: str) -> None:
-        """The container is gone: drop its ordering record."""
-        self._targets.pop(container_id, None)
+        """The container is gone: nothing more goes out to it; who waits for it goes on."""
+        target = self._targets.pop(container_id, None)
+        if target is not None:
+            self._drop(target)
         self._removed[container_id] = None
         if len(self._removed) > REMEMBER_REMOVED:
             del self._removed[next(iter(self._removed))]
 
-    async def _send_one(
-        self, container_id: str, todo: list[PendingUpdate], extra: Mapping[str, str]
-    ) -> SentUpdate | None:
-        target = self._targets.setdefault(container_id, _Target(asyncio.Lock(), {}))
-        async with target.lock, self._slots:
-            fields: dict[str, tuple[Any, int, str]] = {}  # field → (value, seq, hook)
-            for hook, update, seq in sorted(todo, key=lambda p: p.seq):
-                for name, value in update.resources.items():
-                    if seq > target.applied.get(name, 0):
-                        fields[name] = (value, seq, hook)
-            if not fields:
-                return None  # everything here was overtaken by newer updates
-            delta = ResourceDelta(**{name: value for name, (value, _, _) in fields.items()})
-            hooks = sorted({hook for _, _, hook in fields.values()})
-            record = self._store.container(container_id)
-            request = build_update_request(
-                ContainerUpdate(container_id, delta), record.view if record else None
-            )
-            changed = {name: value for name, (value, _, _) in fields.items()}
-            try:
-                await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
-            except RuntimeCallFailed as err:
-                self._failed(container_id, hooks, delta, err.status, extra)
-                self._forget_if_gone(container_id, target)
-                return SentUpdate(container_id, _sent(request), changed, hooks, err.status)
-            for name, (_, seq, _) in fields.items():
-                target.applied[name] = seq
-            sent = SentUpdate(container_id, _sent(request), changed, hooks, None)
-            record = self._store.container(container_id)  # it may have changed meanwhile
-            if record is None:
-                self._forget_if_gone(container_id, target)
-                return sent
-            res = resources_updated(record.view.resources, request.linux)
-            record.view = replace(record.view, resources=res)
-            now = time.time()
-            for name, (value, _, hook) in fields.items():
-                record.audit[name] = {"hook": hook, "value": value, "event": "update", "at": now}
-            self._store.put_container(record)
-            return sent
+    def _drop(self, target: _Target) -> None:
+        target.gone = True
+        target.due.clear()
+        if target.retry is not None:
+            target.retry.cancel()
+            target.retry = None
+        self._attempt_ended(target)
 
-    def _forget_if_gone(self, container_id: str, target: _Target) -> None:
-        """An update computed before the container was removed can be sent after `forget`:
+    # --- the workers -----------------------------------------------------------------------
+    def _enqueue(self, target: _Target) -> None:
+        if target.queued or target.sending or target.retry is not None or self._closing:
+            return  # queued, or its worker / its retry takes the new fields along
+        target.queued = True
+        self._queue.append(target)
+        if len(self._workers) < self._parallel and len(self._workers) < len(self._queue):
+            task = asyncio.create_task(self._work(), name=f"crihook-updates-{next(self._names)}")
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _work(self) -> None:
+        """Send to queued targets until the queue is empty."""
+        idle = self._calls_idle
+        try:
+            while self._queue:
+                # Still marked queued while it lets calls go first: what is due meanwhile
+                # goes out with it. One somebody waits for goes at once.
+                target = self._queue.popleft()
+                if idle is not None and not idle.is_set() and target.settled is None:
+                    # At most CALLS_FIRST_SECONDS after it became due: the calls' turn adds
+                    # that much to the window at most, however many containers wait.
+                    left = target.due_since + CALLS_FIRST_SECONDS - time.monotonic()
+                    if left > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(left):
+                                await idle.wait()
+                target.queued = False
+                if not target.gone:
+                    await self._attempt(target)
+        finally:
+            # Gone from the workers now, not when the done callback runs: what is queued
+            # from here on gets a worker of its own.
+            task = asyncio.current_task()
+            if task is not None:
+                self._workers.discard(task)
+
+    async def _attempt(self, target: _Target) -> None:
+        cid = target.container_id
+        fields = {n: d for n, d in target.due.items() if d.seq > target.applied.get(n, 0)}
+        covered = target.newest_due()
+        since, extra = target.due_since, target.extra
+        target.due = {}
+        target.due_since = 0.0
+        if not fields:  # everything due was overtaken meanwhile
+            target.tried = max(target.tried, covered)
+            target.result = None
+            self._attempt_ended(target)
+            return
+        target.sending = covered
+        delta = ResourceDelta(**{name: due.value for name, due in fields.items()})
+        hooks = sorted({due.hook for due in fields.values()})
+        changed = {name: due.value for name, due in fields.items()}
+        record = self._store.container(cid)
+        request = build_update_request(ContainerUpdate(cid, delta), record.view if record else None)
+        status: Status | None = None
+        try:
+            await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
+        except RuntimeCallFailed as err:
+            status = err.status
+        except Exception as exc:  # a bug below: said, and the update is tried again later
+            log.exception("sending the update of container %s failed", cid[:12])
+            status = Status(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:  # shutting down: due again, for the log of the close
+            self._due_again(target, fields, since)
+            target.sending = 0
+            raise
+        target.sending = 0
+        target.tried = max(target.tried, covered)
+        target.result = (  # kept while someone waits: `send` reads what went out
+            SentUpdate(cid, _sent(request), changed, hooks, status)
+            if target.settled is not None
+            else None
+        )
+        if status is None:
+            self._applied(target, fields, request, since)
+        else:
+            delay = None
+            if (
+                self._retry
+                and not self._closing
+                and not target.gone
+                and self._worth_retrying(target, status)
+            ):
+                self._due_again(target, fields, since)
+                delay = self._retry_later(target)
+            if self._closing and self._store.container(cid) is not None:
+                self._due_again(target, fields, since)  # left: counted by close()
+            self._failed(target, hooks, delta, status, extra, delay)
+        self._attempt_ended(target)
+        if target.due and target.retry is None:
+            self._enqueue(target)  # issued while this one was on its way
+
+    def _applied(
+        self,
+        target: _Target,
+        fields: Mapping[str, _Due],
+        request: api_pb2.UpdateContainerResourcesRequest,
+        since: float,
+    ) -> None:
+        target.retry_delay = 0.0
+        if since:
+            self.window.observe(time.monotonic() - since)
+        for name, due in fields.items():
+            target.applied[name] = max(target.applied.get(name, 0), due.seq)
+        record = self._store.container(target.container_id)  # it may have changed meanwhile
+        if record is None:
+            self._forget_if_gone(target)
+            return
+        res = resources_updated(record.view.resources, request.linux)
+        record.view = replace(record.view, resources=res)
+        now = time.time()
+        for name, due in fields.items():
+            record.audit[name] = {
+                "hook": due.hook,
+                "value": due.value,
+                "event": "update",
+                "at": now,
+            }
+        self._store.put_container(record)
+        if not target.busy():
+            self._store.write_behind()
+
+    def _worth_retrying(self, target: _Target, status: Status) -> bool:
+        """A container the runtime does not have is not retried (the reconcile forgets it);
+        nor is one crihook does not know of (a hook named an id nobody created)."""
+        if status.code is grpc.StatusCode.NOT_FOUND:
+            self._forget_if_gone(target)
+            return False
+        if self._store.container(target.container_id) is None:
+            self._forget_if_gone(target)
+            return False
+        return True
+
+    def _due_again(self, target: _Target, fields: Mapping[str, _Due], since: float) -> None:
+        """A failed attempt's fields are due again, unless something newer is due."""
+        for name, due in fields.items():
+            newer = target.due.get(name)
+            if newer is None or newer.seq < due.seq:
+                target.due[name] = due
+        if since:
+            target.due_since = min(since, target.due_since or since)
+
+    def _retry_later(self, target: _Target) -> float:
+        delay = min(max(target.retry_delay * 2, RETRY_FIRST_SECONDS), RETRY_MAX_SECONDS)
+        target.retry_delay = delay
+
+        def again() -> None:
+            target.retry = None
+            if not target.gone and target.due:
+                self._enqueue(target)
+
+        target.retry = asyncio.get_running_loop().call_later(delay, again)
+        return delay
+
+    def _attempt_ended(self, target: _Target) -> None:
+        settled, target.settled = target.settled, None
+        if settled is not None:
+            settled.set()
+
+    def _forget_if_gone(self, target: _Target) -> None:
+        """An update issued before the container was removed can be sent after `forget`:
         its record must not outlive it (one per such race, kept for ever under churn)."""
-        if (
-            self._store.container(container_id) is None
-            and self._targets.get(container_id) is target
-        ):
-            del self._targets[container_id]
+        cid = target.container_id
+        if self._store.container(cid) is None and self._targets.get(cid) is target:
+            del self._targets[cid]
 
     def _failed(
         self,
-        container_id: str,
+        target: _Target,
         hooks: list[str],
         delta: ResourceDelta,
         status: Status,
         extra: Mapping[str, str],
+        retry_in: float | None,
     ) -> None:
+        container_id = target.container_id
         record = self._store.container(container_id)
         if status.code is grpc.StatusCode.NOT_FOUND and container_id in self._removed:
             # kubelet removed it while the update was on its way: nothing is left to update
@@ -152,11 +466,13 @@ class ContainerUpdater:
             return
         self.failures += 1
         log.error(
-            "update of container %s for hook %s failed: %s: %s",
+            "update of container %s (%s) for hook %s failed: %s: %s%s",
             container_id[:12],
+            _name(record.view if record else None),
             ", ".join(hooks),
             status.code.name,
             status.details,
+            "" if retry_in is None else f"; sent again in {retry_in:g}s",
             extra=dict(extra),
         )
         if record is None:
@@ -171,6 +487,41 @@ class ContainerUpdater:
             }
         )
         self._store.put_container(record)
+
+    # --- shutdown --------------------------------------------------------------------------
+    async def close(self, timeout: float) -> int:
+        """Let what is due go out for up to `timeout` seconds, then stop the workers. Returns
+        how many containers were left with an update not sent (logged): the next start's
+        synchronize derives them again from the hooks' state."""
+        for target in self._targets.values():
+            if target.retry is not None:  # a last try now, rather than never
+                target.retry.cancel()
+                target.retry = None
+                self._enqueue(target)
+        self._closing = True
+        if self._workers:
+            await asyncio.wait(set(self._workers), timeout=timeout)
+        workers = list(self._workers)
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        left = sorted(t.container_id for t in self._targets.values() if t.due)
+        if left:
+            log.warning(
+                "stopping with updates to %d container(s) not sent (%s): the next start "
+                "sends what the hooks hold for them",
+                len(left),
+                ", ".join(cid[:12] for cid in left[:8]) + (", ..." if len(left) > 8 else ""),
+            )
+        self._queue.clear()
+        self._closed = True
+        for target in list(self._targets.values()):
+            self._attempt_ended(target)  # nobody waits on a closed updater
+        return len(left)
+
+
+def _name(view: ContainerView | None) -> str:
+    return (view.name or "?") if view is not None else "unknown to crihook"
 
 
 def _sent(request: api_pb2.UpdateContainerResourcesRequest) -> dict[str, Any]:

@@ -176,10 +176,13 @@ class ResourceDelta:
                 _resource(name, value)
 
     def items(self) -> Iterator[tuple[str, Any]]:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _DELTA_NAMES:  # (dataclasses.fields() per call: a third of the cost)
+            value = getattr(self, name)
             if value is not None:
-                yield f.name, value
+                yield name, value
+
+
+_DELTA_NAMES = tuple(f.name for f in fields(ResourceDelta))
 
 
 @dataclass(frozen=True)

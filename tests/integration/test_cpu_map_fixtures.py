@@ -68,6 +68,7 @@ def test_the_map_of_a_busy_256_cpu_machine_is_what_the_runtime_was_told() -> Non
             return {h["container_id"] for h in doc["holdings"]} == set(placed)
 
         wait_for(settled, PATIENCE, "every container on the map, named")
+        m.proc.updates_sent()  # the shared container moved (after kubelet's answers)
         running = check_map(node, m.proc, placed, shared)
         assert running["running"] is True
 

@@ -185,6 +185,7 @@ def test_a_mixed_lsr_ls_be_workload_on_48_cpus(node: Node) -> None:
     exclusive = take_cpus(node.topology, free, 4) if node.alongside else frozenset()
     plain = node.run(guaranteed_pod("plain", 4))
     assert node.cpus(plain) == (exclusive or free)
+    node.proc.updates_sent()  # the pools move after kubelet's answers
 
     # LS pods on the share pool (every CPU but LSR/LSE and exclusive ones), BE pods on the BE
     # pool (LSR CPUs included), all moved as each LSR pod arrived.
@@ -205,6 +206,7 @@ def test_a_mixed_lsr_ls_be_workload_on_48_cpus(node: Node) -> None:
     lse = node.run(scheduled_pod("lse", LSE_CPUS, qos="LSE"))
     lse_cpus = parse_cpu_list(LSE_CPUS)
     assert node.cpus(lse) == lse_cpus
+    node.proc.updates_sent()
     for p in ls:
         assert node.cpus(p) == online - lsr_cpus - exclusive - lse_cpus
     for p in be:
@@ -218,13 +220,16 @@ def test_a_mixed_lsr_ls_be_workload_on_48_cpus(node: Node) -> None:
 
     # Pods go: an LSR pod's CPUs return to the LS pool (BE pods had them all along, and get no
     # update), the LSE pod's to both.
+    node.proc.updates_sent()
     be_updates = node.updates(be[0])
     node.remove(lsr[0])
     gone = parse_cpu_list(LSR_CPUS[0])
+    node.proc.updates_sent()  # sent after kubelet's answers (updates = "after-answer")
     for p in ls:
         assert node.cpus(p) == online - (lsr_cpus - gone) - exclusive - lse_cpus
     assert node.updates(be[0]) == be_updates
     node.remove(lse)
+    node.proc.updates_sent()
     for p in be:
         assert node.cpus(p) == online - exclusive
     for p in ls:
@@ -288,8 +293,10 @@ def test_a_restart_keeps_the_pools(node: Node) -> None:
     with grpc.insecure_channel(node.proc.endpoint) as channel:
         node.stub = api_pb2_grpc.RuntimeServiceStub(channel)
         later = node.run(ls_pod("later"))
+        node.proc.updates_sent()
         assert node.cpus(later) == node.cpus(ls) == online - {6, 7, 30, 31}
         node.remove(lsr)
+        node.proc.updates_sent()
         assert node.cpus(ls) == node.cpus(later) == online
         assert node.cpus(be) == online
     assert format_cpu_list(online) == "0-47"

@@ -257,7 +257,9 @@ def test_exclusive_cpus_and_the_shared_pool_reach_the_cgroups(
         )
         assert cpus_allowed_of_pid(pinned_pid) == want
         assert cpus_allowed_inside(kubelet, pinned) == want
-        # The shared container was moved off the exclusive CPU before CreateContainer returned.
+        # The shared container is moved off the exclusive CPU after CreateContainer returned
+        # (updates = "after-answer").
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == online - want
         assert cpus_allowed_of_pid(shared_pid) == online - want
         assert cpus_allowed_inside(kubelet, shared) == online - want
@@ -271,6 +273,7 @@ def test_exclusive_cpus_and_the_shared_pool_reach_the_cgroups(
 
         kubelet.remove_pod(pinned_pod)
         # Given back at StopContainer/RemoveContainer: the shared pool grows back.
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == online
         assert cpus_allowed_of_pid(shared_pid) == online
         state = state_when(
@@ -294,6 +297,7 @@ def test_the_last_free_cpu_is_refused_while_shared_containers_run_on_it(
         first_pod, first, _ = run_pod(kubelet, guaranteed("first"), pod_cleanup)
         first_cpus = cpuset_cpus(first_pod, first)
         left = online - first_cpus
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == left
         try:
             second_pod, second, _ = run_pod(
@@ -380,6 +384,7 @@ def test_restart_keeps_the_allocation_and_refuses_what_does_not_fit(
         want = take_cpus(topology, online - reserved, 1)
         pinned_pod, pinned, pinned_pid = run_pod(kubelet, guaranteed("pinned"), pod_cleanup)
         assert cpuset_cpus(pinned_pod, pinned) == want
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == online - want == reserved
         cpuset_before, numa_before = hook_state(proc, "cpuset"), hook_state(proc, "numa")
         assert parse_cpu_list(cpuset_before[f"c:{pinned}"]["cpus"]) == want
@@ -408,6 +413,7 @@ def test_restart_keeps_the_allocation_and_refuses_what_does_not_fit(
         assert cpuset_cpus(shared_pod, shared) == reserved
         # The restarted crihook knows the shared container: it follows the pool.
         kubelet.remove_pod(pinned_pod)
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == online
         assert cpus_allowed_of_pid(shared_pid) == online
 
@@ -488,6 +494,7 @@ def test_resizes_grow_and_shrink_on_the_host_and_exclusive_ones_are_refused(
         shared_pod, shared, _ = run_pod(kubelet, burstable("resized"), pod_cleanup)
         pinned_pod, pinned, _ = run_pod(kubelet, guaranteed("pinned"), pod_cleanup)
         held = cpuset_cpus(pinned_pod, pinned)
+        proc.updates_sent()
         assert cpuset_cpus(shared_pod, shared) == online - held
 
         # The Burstable container grows from 500m to 1 CPU and shrinks to 200m: the CFS

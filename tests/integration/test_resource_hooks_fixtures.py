@@ -128,8 +128,9 @@ def test_exclusive_cpus_are_kubelets_pick_and_shared_containers_follow(fixture_n
         free -= want
         expected.append(want)
         pinned.append(cid)
-        # The shared container was moved off the new exclusive CPUs before CreateContainer
-        # returned, with one UpdateContainerResources per change.
+        # The shared container is moved off the new exclusive CPUs after CreateContainer
+        # returned (updates = "after-answer"), with one UpdateContainerResources per change.
+        node.proc.updates_sent()
         assert node.cpus(shared) == frozenset(free)
     stored = node.runtime.containers[pinned[0]].resources
     assert stored.cpu_quota == -1  # no CFS quota on exclusive CPUs
@@ -138,6 +139,29 @@ def test_exclusive_cpus_are_kubelets_pick_and_shared_containers_follow(fixture_n
     for cid, cpus in zip(pinned, expected, strict=True):
         assert parse_cpu_list(node.runtime.mems_of(cid)) == topo.numa_of(cpus)
     assert parse_cpu_list(node.runtime.mems_of(shared)) == set(topo.numa_nodes)
+
+
+@pytest.mark.parametrize(
+    "fixture_node", [machine(DUAL_SOCKET_SMT2_2NUMA, id="dual-socket-2numa")], indirect=True
+)
+def test_an_update_left_at_a_stop_reaches_the_shared_container_after_the_restart(
+    fixture_node: Node,
+) -> None:
+    """The runtime refuses the shared container's update until crihook stops (SIGTERM): the
+    stop says what it leaves, and the restarted crihook's synchronize moves the container."""
+    node = fixture_node
+    online = node.topology.online
+    _, shared = node.pod("burstable", None)
+    node.runtime.fail_every("UpdateContainerResources", grpc.StatusCode.UNAVAILABLE)
+    _, pinned = node.pod("g", 4)  # answered: its update goes out after the answer, and fails
+    wait_for(lambda: node.runtime.calls("UpdateContainerResources"), PATIENCE, "the update tried")
+    assert node.proc.stop() == 0
+    assert "stopping with updates to 1 container(s) not sent" in node.proc.log()
+    assert node.cpus(shared) == online  # never applied
+    node.runtime.fail_every("UpdateContainerResources", None)
+    node.proc.start()
+    want = online - node.cpus(pinned)
+    wait_for(lambda: node.cpus(shared) == want, PATIENCE, "the shared container moved")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -219,6 +220,21 @@ class CrihookProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"crihook did not stop within {timeout}s:\n{self.log()}") from None
+
+    def updates_sent(self, timeout: float = PATIENCE) -> None:
+        """Until crihook says, in a status.json written from now on (every second), that no
+        update to other containers is due or on its way: what the calls made so far issued
+        went out (updates = "after-answer" sends them after kubelet's answer)."""
+        since = time.time()
+
+        def sent() -> bool:
+            try:
+                status = json.loads((self.state_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return bool(status.get("updated_at", 0) > since and status.get("updates_due") == 0)
+
+        wait_for(sent, timeout, "crihook's updates to other containers sent")
 
     def hook_state(self, name: str) -> dict[str, Any]:
         """A hook's state as crihook persisted it so far: its state file with the journal

@@ -4,8 +4,8 @@ machines this VM is not (sysfs fixtures of big NUMA machines).
 It answers the lifecycle calls (sandboxes and containers get ids, states move as kubelet
 drives them), the list and status calls crihook reconciles with (resources as last created
 or updated, a verbose `info` carrying the config as containerd's does), and records every
-UpdateContainerResources. A call can be scripted to fail (`fail_next`) or to answer late
-(`slow_next`). Only for what
+UpdateContainerResources. A call can be scripted to fail (`fail_next`, `fail_every`) or to
+answer late (`slow_next`). Only for what
 a real containerd cannot show here; the real one runs the same hooks on this machine.
 """
 
@@ -54,6 +54,7 @@ class MemoryRuntime(FakeRuntime):
         self._state = threading.Lock()
         self._failures: dict[str, Reply] = {}
         self._slow: dict[str, float] = {}
+        self._failing: dict[str, Reply] = {}
         handlers: dict[str, Callable[[bytes], bytes]] = {
             "Version": self._version,
             "RunPodSandbox": self._run_pod,
@@ -79,6 +80,15 @@ class MemoryRuntime(FakeRuntime):
         with self._state:
             self._failures[method] = Reply(code=code, details=details)
 
+    def fail_every(self, method: str, code: grpc.StatusCode | None) -> None:
+        """Every call of `method` fails with `code` and changes nothing, until called again
+        with None."""
+        with self._state:
+            if code is None:
+                self._failing.pop(method, None)
+            else:
+                self._failing[method] = Reply(code=code, details="scripted, every call")
+
     def slow_next(self, method: str, seconds: float) -> None:
         """The next call of `method` is carried out, and answered `seconds` later (a client
         with a shorter deadline never hears that it was done)."""
@@ -96,7 +106,7 @@ class MemoryRuntime(FakeRuntime):
     def _wrap(self, name: str, handler: Callable[[bytes], bytes]) -> Callable[[bytes], Reply]:
         def reply(request: bytes) -> Reply:
             with self._state:
-                failure = self._failures.pop(name, None)
+                failure = self._failures.pop(name, None) or self._failing.get(name)
                 if failure is not None:
                     return failure
                 try:

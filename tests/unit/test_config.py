@@ -192,6 +192,7 @@ VALID_TOP = [
     ),
     ("data_path", {"data_path": "grpc"}, "server.data_path", "grpc"),
     ("read_back", {"read_back": True}, "runtime.read_back", True),
+    ("updates", {"updates": "before-answer"}, "runtime.updates", "before-answer"),
     ("hooks-empty", {"hooks": {}}, "chain", ChainSettings()),
     (
         "node",
@@ -277,6 +278,7 @@ INVALID_TOP = [
         "runtime_startup_wait_max_seconds",
     ),
     ("reconcile_seconds-zero", {"reconcile_seconds": 0}, "reconcile_seconds"),
+    ("updates-unknown", {"updates": "sync"}, "updates"),
     ("max_message_bytes-float", {"max_message_bytes": 1e7}, "max_message_bytes"),
     ("max_message_bytes-string", {"max_message_bytes": "16MiB"}, "max_message_bytes"),
     ("max_message_bytes-tiny", {"max_message_bytes": 16}, "max_message_bytes"),
@@ -595,9 +597,11 @@ def test_flags_override_the_file() -> None:
             "log_level": "DEBUG",
             "max_message_bytes": 16 * 1024 * 1024,
             "metrics_listen": "[::]:9464",
+            "updates": "before-answer",
         },
     )
     assert settings.server.listen == "unix:///run/flag.sock"
+    assert settings.runtime.updates == "before-answer"
     assert settings.runtime.endpoint == "unix:///run/flag-c.sock"
     assert settings.runtime.image_endpoint == "unix:///run/flag-i.sock"
     assert settings.chain.plugins_dir == Path("/etc/flag.d")
@@ -646,6 +650,7 @@ def test_dry_run_flag_turns_dry_run_on() -> None:
         ({"log_level": "trace"}, "--log-level"),
         ({"max_message_bytes": 1000}, "--max-message-bytes"),
         ({"metrics_listen": "9464"}, "--metrics-listen"),
+        ({"updates": "later"}, "--updates"),
     ],
     ids=[
         "listen",
@@ -657,6 +662,7 @@ def test_dry_run_flag_turns_dry_run_on() -> None:
         "log-level",
         "max-message-bytes",
         "metrics-listen",
+        "updates",
     ],
 )
 def test_bad_flags_name_the_flag(flags: dict[str, Any], setting: str) -> None:

@@ -27,6 +27,7 @@ from crihook.proxy.metrics import Histogram, Metrics, Sources, _histogram, metho
 from crihook.proxy.outcome import Outcome, Status
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.store import Store
+from crihook.proxy.updates import WINDOW_BUCKETS
 from tests.lab.metrics_scrape import parse, value
 
 
@@ -149,6 +150,25 @@ def test_fields_changed_after_crihook_are_counted_by_field(tmp_path: Path) -> No
     counts["env"] += 1  # read when scraped, not when built
     samples = parse(generate_latest(_Families(metrics)).decode())
     assert value(samples, name, field="env") == 3
+
+
+def test_the_update_window_is_a_histogram_read_when_scraped(tmp_path: Path) -> None:
+    """proxy.updates' window: from a container due new resources until they were applied."""
+    chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
+    window = Histogram(WINDOW_BUCKETS)
+    metrics = Metrics(
+        Sources(
+            chain, Store(tmp_path), Readiness(), lambda: 0, lambda: 0, update_window=lambda: window
+        )
+    )
+    window.observe(0.004)
+    window.observe(0.3)
+    samples = parse(generate_latest(_Families(metrics)).decode())
+    name = "crihook_container_update_window_seconds"
+    assert value(samples, f"{name}_count") == 2
+    assert value(samples, f"{name}_bucket", le="0.005") == 1
+    assert value(samples, f"{name}_bucket", le="0.5") == 2
+    assert value(samples, f"{name}_sum") == pytest.approx(0.304)
 
 
 class _FailingBeside(Hook):
