@@ -42,6 +42,10 @@ at most one byte rewritten), when a line is COMPACT_SECONDS old, on `flush()` an
 calls' lines add up to its size or have waited COMPACT_SECONDS; the snapshot is joined from
 each record's JSON kept since it last changed, and written, in a worker thread.
 
+What the store keeps per pod and container is bounded: labels and annotations together up
+to validate.MAX_KEPT_BYTES (a request over it is refused before it reaches the runtime),
+the audit by the fields hooks may set, and the newest MAX_UPDATE_ERRORS refused updates.
+
 `load()` (and `crihook state`) read the snapshots and replay the journal files left over,
 oldest first; a torn last line of a crash is skipped and named. Records journal files
 numbered up to the one store.json names are skipped (store.json holds them). Each hook
@@ -123,6 +127,8 @@ RETRY_FIRST_SECONDS = 0.2
 RETRY_MAX_SECONDS = 5.0
 """The longest wait between two retries of a failed write-behind."""
 TEMP_MARK = ".tmp-"
+MAX_UPDATE_ERRORS = 10
+"""A container record keeps its newest refused updates, this many (the log has them all)."""
 STALE_TEMP_SECONDS = 60.0
 """A temp file of a live process older than this is left over too (a write takes ms)."""
 STATE_DIR_MODE = 0o700
@@ -548,6 +554,8 @@ class Store:
         if not record.view.id:
             raise ValueError("a container record needs a container id")
         cid = record.view.id
+        if len(record.update_errors) > MAX_UPDATE_ERRORS:
+            del record.update_errors[:-MAX_UPDATE_ERRORS]
         old = self.containers.get(cid)
         if old is not None and old.view.pod_id != record.view.pod_id:
             self._unindex(cid, old.view.pod_id)

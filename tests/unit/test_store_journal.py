@@ -212,3 +212,13 @@ def test_containers_of_and_remove_pod_follow_the_index(tmp_path: Path) -> None:
     assert [c.id for c in store.containers_of("sb2")] == ["c2", "c1"]
     store.remove_pod("sb2")
     assert store.containers == {} and store.containers_of("sb2") == []
+
+
+def test_a_container_record_keeps_its_newest_refused_updates_only(tmp_path: Path) -> None:
+    store = loaded(tmp_path)
+    record = container("c1", "sb1")
+    for n in range(store_module.MAX_UPDATE_ERRORS + 5):
+        record.update_errors.append({"hook": "pin", "code": "NOT_FOUND", "n": n})
+        store.put_container(record)
+    kept = [e["n"] for e in store.containers["c1"].update_errors]
+    assert kept == list(range(5, store_module.MAX_UPDATE_ERRORS + 5))
