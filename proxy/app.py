@@ -50,6 +50,7 @@ from crihook.proxy.errors import ConfigError
 from crihook.proxy.h2_runtime import Flusher, H2RuntimeClient
 from crihook.proxy.h2_server import H2Server
 from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.memory_trim import MemoryTrim
 from crihook.proxy.merge import stamp
 from crihook.proxy.metrics import Metrics, Sources
 from crihook.proxy.metrics_http import MetricsServer
@@ -171,6 +172,8 @@ class App:
         if logging.getLogger("crihook.proxy.call_log").isEnabledFor(logging.INFO):
             listeners.append(CallLog().outcome)
         self.pipeline.on_outcome = _tell_all(listeners)
+        self.memory_trim = MemoryTrim()
+        self.pipeline.after_large = self.memory_trim.after
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
@@ -484,6 +487,7 @@ class App:
             await self.chain.close()
             if self.recorder is not None:
                 await self.recorder.close()
+            await self.memory_trim.close()
             await self.store.close()
             state_lock.close()  # the store wrote its last: `crihook state` says "stopped"
             await self.runtime.close()
