@@ -21,7 +21,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 from google.protobuf.message import DecodeError
@@ -52,30 +52,22 @@ from crihook.proxy.h2_server import H2Server
 from crihook.proxy.local_hooks import load_local_hook
 from crihook.proxy.memory_trim import MemoryTrim
 from crihook.proxy.merge import stamp
-from crihook.proxy.metrics import Metrics, Sources
-from crihook.proxy.metrics_http import MetricsServer
 from crihook.proxy.node_doc import NODE_FILE, node_doc, write_node_doc
-from crihook.proxy.observe import (
-    ObservedCgroups,
-    ObservedFiles,
-    ObservedHost,
-    ObservedNetlink,
-    ObservedQueries,
-)
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory, crihook_sockets
-from crihook.proxy.record import Recorder, device_pool_facts
-from crihook.proxy.record_format import header_line, plugins_line, snapshot_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
+
+if TYPE_CHECKING:
+    from crihook.proxy.metrics import Metrics
+    from crihook.proxy.record import Recorder
 
 __all__ = ["App", "run"]
 
@@ -121,6 +113,16 @@ class App:
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
+            # Imported only to record: start-up loads what serving needs first.
+            from crihook.proxy.observe import (
+                ObservedCgroups,
+                ObservedFiles,
+                ObservedHost,
+                ObservedNetlink,
+                ObservedQueries,
+            )
+            from crihook.proxy.record import Recorder
+
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
             netlink = ObservedNetlink(netlink)
@@ -149,6 +151,8 @@ class App:
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
+            from crihook.proxy.metrics import Metrics, Sources  # prometheus_client: only then
+
             self.metrics = Metrics(
                 Sources(
                     self.chain,
@@ -226,6 +230,9 @@ class App:
 
     # --- recording -----------------------------------------------------------------------
     def _header_line(self) -> dict[str, Any]:
+        from crihook.proxy.record import device_pool_facts
+        from crihook.proxy.record_format import header_line
+
         pools, facts = device_pool_facts(self.settings, self._files)
         redacted = not self.settings.record.secrets
         plugins = [entry.settings for entry in self.chain.plugins]
@@ -236,14 +243,20 @@ class App:
         here on."""
         assert self.recorder is not None
         plugins = [entry.settings for entry in self.chain.plugins]
+        from crihook.proxy.record_format import plugins_line
+
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
+        from crihook.proxy.record_format import snapshot_line
+
         assert self.recorder is not None
         return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None
+        from crihook.proxy.record_format import sync_line
+
         line = sync_line(
             "sync",
             self.pipeline.next_seq(),
@@ -376,6 +389,8 @@ class App:
             )
             await h2.start(path)
             return h2
+        from crihook.proxy.server import build_server  # the grpc data path only
+
         server = build_server(
             self.runtime,
             self.pipeline,
@@ -420,6 +435,8 @@ class App:
         metrics_server = None
         if self.metrics is not None:
             assert settings.server.metrics_listen is not None
+            from crihook.proxy.metrics_http import MetricsServer
+
             metrics_server = MetricsServer(
                 settings.server.metrics_listen,
                 self.metrics.snapshot,
