@@ -326,7 +326,9 @@ class App:
                 )
                 await asyncio.sleep(0.5)
         try:
-            await self.store.flush()
+            # On disk before kubelet is served; appended, not compacted (a full node's
+            # store.json is rewritten in the background, not while kubelet waits).
+            await self.store.flush(compact=False)
         except OSError:
             # The reconciled store is in memory; the writer keeps retrying in the background.
             log.error("serving with the state not written: %s", self.store.last_error)

@@ -760,13 +760,14 @@ class Store:
             WRITE_BEHIND_SECONDS, self._start_writer
         )
 
-    async def flush(self) -> None:
-        """Persist every change made so far; returns once it is on disk. Raises the OSError
+    async def flush(self, compact: bool = True) -> None:
+        """Persist every change made so far; returns once it is on disk (`compact`: in the
+        snapshot files, else as journal lines when no compaction is due). Raises the OSError
         when the state directory refuses the write (the changes stay in memory, still marked
         changed, and the store is degraded until a write succeeds)."""
         async with self._write_lock:
             try:
-                await self._write_dirty(compact=True)
+                await self._write_dirty(compact=compact)
             except _WriteFailed as exc:
                 self._failed(exc)
                 raise exc.error from None
