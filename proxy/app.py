@@ -329,6 +329,7 @@ class App:
             # On disk before kubelet is served; appended, not compacted (a full node's
             # store.json is rewritten in the background, not while kubelet waits).
             await self.store.flush(compact=False)
+            self.store.write_behind()  # the compaction a crash's leftover journals want
         except OSError:
             # The reconciled store is in memory; the writer keeps retrying in the background.
             log.error("serving with the state not written: %s", self.store.last_error)

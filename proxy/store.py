@@ -762,7 +762,9 @@ class Store:
 
     async def flush(self, compact: bool = True) -> None:
         """Persist every change made so far; returns once it is on disk (`compact`: in the
-        snapshot files, else as journal lines when no compaction is due). Raises the OSError
+        snapshot files, else as journal lines unless the journals are as large as their
+        snapshots; a compaction wanted for its age then follows in the background, with the
+        next write-behind). Raises the OSError
         when the state directory refuses the write (the changes stay in memory, still marked
         changed, and the store is degraded until a write succeeds)."""
         async with self._write_lock:
@@ -878,12 +880,12 @@ class Store:
             return
         self.write_behind()  # what changed while it was writing
 
-    async def _write_dirty(self, compact: bool = False) -> None:
+    async def _write_dirty(self, compact: bool | None = None) -> None:
         """Under the write lock: what changed, appended to the journals, or folded into the
-        snapshot files when a compaction is due (`compact`: now); the files are written off
-        the event loop (module docstring). On any failure what was taken is marked changed
-        again."""
-        compact = compact or self._compact_wanted
+        snapshot files when a compaction is due (`compact`: now; False: not for its age
+        this time); the files are written off the event loop (module docstring). On any
+        failure what was taken is marked changed again."""
+        compact = self._compact_wanted if compact is None else compact
         plan = _Plan()
         names = self._dirty_hooks
         hooks_due = compact or self._hook_journal_bytes >= sum(self._hook_file_bytes.values())
@@ -927,6 +929,8 @@ class Store:
             self._changed_pods |= pods
             self._changed_containers |= containers
             self._dirty_hooks |= names if plan.hooks else set()
+            if plan.hooks or plan.snapshot is not None:
+                self._compact_wanted = True  # the retry compacts what this one took
             raise
         if plan.snapshot is not None:
             self._records_gen += 1

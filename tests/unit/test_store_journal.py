@@ -222,3 +222,27 @@ def test_a_container_record_keeps_its_newest_refused_updates_only(tmp_path: Path
         store.put_container(record)
     kept = [e["n"] for e in store.containers["c1"].update_errors]
     assert kept == list(range(5, store_module.MAX_UPDATE_ERRORS + 5))
+
+
+async def test_a_crash_s_leftover_journal_is_compacted_after_the_flush_before_ready(
+    tmp_path: Path,
+) -> None:
+    """crihook flushes what it reconciled before kubelet is served: appended to the journal,
+    not a snapshot of the whole node; the compaction the leftover lines want follows."""
+    store = await filled(tmp_path, 20)
+    store.put_pod(pod("sb-x"))
+    await store._write_dirty()
+    crash(store)
+    await store.close()
+    again = loaded(tmp_path)
+    try:
+        before = (tmp_path / STORE_FILE).stat().st_mtime_ns
+        again.put_pod(pod("sb-y"))
+        await again.flush(compact=False)
+        assert (tmp_path / STORE_FILE).stat().st_mtime_ns == before
+        assert {"sb-x", "sb-y"} <= set(loaded(tmp_path).pods)
+        again.write_behind()
+        await wait_until(lambda: records(tmp_path) == [], "the compaction in the background")
+        assert {"sb-x", "sb-y"} <= set(snapshot(tmp_path)["pods"])  # type: ignore[call-overload]
+    finally:
+        await again.close()
