@@ -86,7 +86,7 @@ async def test_the_journal_is_compacted_once_its_line_is_old_and_the_snapshot_na
         async with store._write_lock:
             await store._write_dirty()  # the write-behind's line, now
         (gen,) = [gen for gen, _ in records_files(tmp_path)]
-        await wait_until(lambda: "sb-late" in snapshot(tmp_path)["pods"], "the compaction")  # type: ignore[operator]
+        await wait_until(lambda: "sb-late" in snapshot(tmp_path)["pods"], "the compaction")
         assert records(tmp_path) == []
         doc = snapshot(tmp_path)
         assert doc["journal"] == gen and doc["version"] == 1
@@ -173,7 +173,7 @@ async def test_a_store_json_of_an_older_crihook_loads_and_is_upgraded_in_place(
     store.put_pod(pod("sb2"))
     await store.flush()
     doc = snapshot(tmp_path)
-    assert doc["journal"] == 1 and sorted(doc["pods"]) == ["sb1", "sb2"]  # type: ignore[arg-type]
+    assert doc["journal"] == 1 and sorted(doc["pods"]) == ["sb1", "sb2"]
     store.remove_pod("sb1")
     await store._write_dirty()
     crash(store)
@@ -243,6 +243,6 @@ async def test_a_crash_s_leftover_journal_is_compacted_after_the_flush_before_re
         assert {"sb-x", "sb-y"} <= set(loaded(tmp_path).pods)
         again.write_behind()
         await wait_until(lambda: records(tmp_path) == [], "the compaction in the background")
-        assert {"sb-x", "sb-y"} <= set(snapshot(tmp_path)["pods"])  # type: ignore[call-overload]
+        assert {"sb-x", "sb-y"} <= set(snapshot(tmp_path)["pods"])
     finally:
         await again.close()
