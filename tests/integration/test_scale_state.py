@@ -104,9 +104,11 @@ def test_the_state_survives_sigkill_at_any_point_while_calls_run(node: Node) -> 
     """Calls keep coming; crihook is SIGKILLed at a random moment, five times. After each
     kill what `crihook state` reads is whole (every record on disk is one the runtime
     has), and the crihook started again holds exactly what the runtime has, with the
-    exclusive CPUs it had handed out still held (written ahead)."""
+    exclusive CPUs it had handed out still held (written ahead). Some kill must leave
+    records journal lines behind, replayed over the snapshot at the next start."""
     rng = random.Random(27)
     node.proc.start()
+    replayed = 0
     for _ in range(5):
         stop = threading.Event()
         errors: list[BaseException] = []
@@ -121,6 +123,7 @@ def test_the_state_survives_sigkill_at_any_point_while_calls_run(node: Node) -> 
         pods, containers = _on_disk(node.proc)
         live_pods, live_containers = _runtime(node.runtime)
         assert pods <= live_pods and containers <= live_containers
+        replayed += bool(records_files(node.proc.state_dir))  # lines the snapshot lacks
         node.proc.start()  # reconciled with the runtime before it answers
         wait_for(lambda: _on_disk(node.proc) == _runtime(node.runtime), PATIENCE, "the store")
         cpus = node.proc.hook_state("cpuset")
@@ -133,6 +136,7 @@ def test_the_state_survives_sigkill_at_any_point_while_calls_run(node: Node) -> 
         assert {f"c:{cid}" for cid in guaranteed} <= held | {
             k for k in cpus if k.startswith("r:")
         }, "an exclusive allocation was lost"
+    assert replayed, "no kill left a records journal to replay: the layout went untested"
 
 
 def test_crihook_state_reads_the_journal_while_running_and_after_stop(node: Node) -> None:
