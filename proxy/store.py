@@ -209,7 +209,7 @@ class ContainerRecord:
 
 class HookStateStore:
     """One hook's private key-value namespace (JSON values), persisted with the store. Each
-    value is encoded once, when it is set: the journal line and the checkpoint join the
+    value is encoded once, when it is set: the journal line and the compaction join the
     encodings instead of encoding the state again."""
 
     def __init__(self, name: str, data: dict[str, Any], on_change: Any) -> None:
@@ -310,14 +310,14 @@ def journal_files(hooks_dir: Path) -> list[tuple[int, Path]]:
 
 def read_journal(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
     """The lines of the hook journal files in `hooks_dir`, oldest file first. Read them
-    before the state files when crihook may be running: a checkpoint between the two reads
+    before the state files when crihook may be running: a compaction between the two reads
     then leaves old lines over new files (harmless), never new files missing the lines."""
     found = []
     for _, path in journal_files(hooks_dir):
         try:
             found.append((path, path.read_bytes().splitlines()))
         except FileNotFoundError:
-            continue  # a checkpoint took it into the state files meanwhile
+            continue  # a compaction took it into the state files meanwhile
         except OSError as exc:
             log.error("cannot read the hook journal %s: %s", path, _describe(exc))
     return found
@@ -481,7 +481,7 @@ class Store:
         self._snapshot_bytes = 0
         """store.json's size when it was last written (or read)."""
         self._hook_journal_bytes = 0
-        """Bytes in the hook journal files since the last checkpoint of the hook states."""
+        """Bytes in the hook journal files since the last compaction of the hook states."""
         self._hook_file_bytes: dict[str, int] = {}
         """Each hook's state file size when it was last written (or read)."""
         self._unsynced: Path | None = None
@@ -497,7 +497,7 @@ class Store:
         self._unjournaled: dict[str, set[str]] = {}
         """Hook → keys changed since the last journal line."""
         self._journal_gen = 1
-        """The journal file lines are appended to; a checkpoint starts the next one."""
+        """The journal file lines are appended to; a compaction starts the next one."""
         self._journal_at: tuple[int, Path] = (0, state_dir)
         self._journal_file = JournalFile()
         # Hook state changes are numbered; a call knows the number of its own last one, and
@@ -734,7 +734,7 @@ class Store:
         the background writer retries it. Only a call that changed hook state writes ahead,
         so one failed write fails no call that keeps nothing."""
         if self._journaled >= through:
-            return  # an earlier line or checkpoint took this call's changes along
+            return  # an earlier line or compaction took this call's changes along
         async with self._journal_lock:
             if self._journaled >= through:
                 return
@@ -744,7 +744,7 @@ class Store:
                 self._failed(exc)
                 self.write_behind()
                 raise StateWriteError(self.state_dir, exc.error) from exc.error
-        self.write_behind()  # the checkpoint that makes the line durable
+        self.write_behind()  # the fsync that makes the line durable
         self._wake.set()  # a write-behind waiting to retry: the disk works again
 
     def write_behind(self) -> None:
