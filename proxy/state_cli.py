@@ -34,7 +34,7 @@ def load_state(state_dir: Path) -> dict[str, Any]:
     store = _read(state_dir / STORE_FILE) or {"pods": {}, "containers": {}}
     apply_records(records, store)
     hooks_dir = state_dir / HOOKS_DIR
-    # What calls wrote ahead since crihook's last compaction (a fraction of a second ago, or
+    # What calls wrote ahead since crihook's last compaction (at most seconds ago, or
     # before it stopped) is in the journal; read first (read_journal says why).
     journal = read_journal(hooks_dir)
     hooks = {p.stem: _read(p) for p in sorted(hooks_dir.glob("*.json"))}
