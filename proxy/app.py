@@ -22,7 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 from google.protobuf.message import DecodeError
@@ -53,32 +53,24 @@ from crihook.proxy.errors import ConfigError
 from crihook.proxy.h2_runtime import Flusher, H2RuntimeClient
 from crihook.proxy.h2_server import H2Server
 from crihook.proxy.local_hooks import load_local_hook
+from crihook.proxy.memory_trim import MemoryTrim
 from crihook.proxy.merge import stamp
-from crihook.proxy.metrics import Metrics, Sources
-from crihook.proxy.metrics_http import MetricsServer
 from crihook.proxy.node_doc import NODE_FILE, node_doc, write_node_doc
-from crihook.proxy.observe import (
-    ObservedCgroups,
-    ObservedFiles,
-    ObservedHost,
-    ObservedNetlink,
-    ObservedQueries,
-    ObservedStaging,
-)
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.pipeline import Pipeline
 from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory, crihook_sockets
-from crihook.proxy.record import Recorder, device_pool_facts
-from crihook.proxy.record_format import header_line, plugins_line, snapshot_line, sync_line
 from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.server import build_server
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.watchdog import keep_alive
+
+if TYPE_CHECKING:
+    from crihook.proxy.metrics import Metrics
+    from crihook.proxy.record import Recorder
 
 __all__ = ["App", "run"]
 
@@ -128,6 +120,17 @@ class App:
         queries: SyncQueries = RuntimeView(self.runtime)
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
+            # Imported only to record: start-up loads what serving needs first.
+            from crihook.proxy.observe import (
+                ObservedCgroups,
+                ObservedFiles,
+                ObservedHost,
+                ObservedNetlink,
+                ObservedQueries,
+                ObservedStaging,
+            )
+            from crihook.proxy.record import Recorder
+
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
             netlink = ObservedNetlink(netlink)
@@ -158,6 +161,8 @@ class App:
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
+            from crihook.proxy.metrics import Metrics, Sources  # prometheus_client: only then
+
             self.metrics = Metrics(
                 Sources(
                     self.chain,
@@ -182,6 +187,8 @@ class App:
         if logging.getLogger("crihook.proxy.call_log").isEnabledFor(logging.INFO):
             listeners.append(CallLog().outcome)
         self.pipeline.on_outcome = _tell_all(listeners)
+        self.memory_trim = MemoryTrim()
+        self.pipeline.after_large = self.memory_trim.after
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
@@ -234,6 +241,9 @@ class App:
 
     # --- recording -----------------------------------------------------------------------
     def _header_line(self) -> dict[str, Any]:
+        from crihook.proxy.record import device_pool_facts
+        from crihook.proxy.record_format import header_line
+
         pools, facts = device_pool_facts(self.settings, self._files)
         redacted = not self.settings.record.secrets
         plugins = [entry.settings for entry in self.chain.plugins]
@@ -244,14 +254,20 @@ class App:
         here on."""
         assert self.recorder is not None
         plugins = [entry.settings for entry in self.chain.plugins]
+        from crihook.proxy.record_format import plugins_line
+
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
+        from crihook.proxy.record_format import snapshot_line
+
         assert self.recorder is not None
         return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None
+        from crihook.proxy.record_format import sync_line
+
         line = sync_line(
             "sync",
             self.pipeline.next_seq(),
@@ -322,7 +338,10 @@ class App:
                 )
                 await asyncio.sleep(0.5)
         try:
-            await self.store.flush()
+            # On disk before kubelet is served; appended, not compacted (a full node's
+            # store.json is rewritten in the background, not while kubelet waits).
+            await self.store.flush(compact=False)
+            self.store.write_behind()  # the compaction a crash's leftover journals want
         except OSError:
             # The reconciled store is in memory; the writer keeps retrying in the background.
             log.error("serving with the state not written: %s", self.store.last_error)
@@ -385,6 +404,8 @@ class App:
             )
             await h2.start(path)
             return h2
+        from crihook.proxy.server import build_server  # the grpc data path only
+
         server = build_server(
             self.runtime,
             self.pipeline,
@@ -429,6 +450,8 @@ class App:
         metrics_server = None
         if self.metrics is not None:
             assert settings.server.metrics_listen is not None
+            from crihook.proxy.metrics_http import MetricsServer
+
             metrics_server = MetricsServer(
                 settings.server.metrics_listen,
                 self.metrics.snapshot,
@@ -499,6 +522,7 @@ class App:
             await self.chain.close()
             if self.recorder is not None:
                 await self.recorder.close()
+            await self.memory_trim.close()
             await self.store.close()
             state_lock.close()  # the store wrote its last: `crihook state` says "stopped"
             await self.runtime.close()

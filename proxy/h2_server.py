@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -69,11 +69,14 @@ from crihook.proxy.h2_runtime import (
     RuntimePool,
     going_away_status,
 )
+from crihook.proxy.method_labels import OTHER_METHOD, PASSTHROUGH, method_label
 from crihook.proxy.methods import CRI_PACKAGE, INTERCEPTED, known_methods
-from crihook.proxy.metrics import OTHER_METHOD, PASSTHROUGH, Metrics, method_label
 from crihook.proxy.outcome import RuntimeCallFailed, Status
 from crihook.proxy.passthrough import Observer, PassthroughRecord, Readiness
 from crihook.proxy.pipeline import Pipeline
+
+if TYPE_CHECKING:  # prometheus_client is loaded only when metrics are served
+    from crihook.proxy.metrics import Metrics
 
 __all__ = ["MAX_CONCURRENT_STREAMS", "REPLAY_LIMIT", "H2Server", "KubeletConnection"]
 

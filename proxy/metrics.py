@@ -54,7 +54,7 @@ from crihook.proxy.chain import Chain, failures_of
 from crihook.proxy.dropin_files import Distrust
 from crihook.proxy.histogram import Histogram
 from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.methods import known_methods
+from crihook.proxy.method_labels import INTERCEPTED, OTHER_METHOD, PASSTHROUGH, method_label
 from crihook.proxy.outcome import Outcome
 from crihook.proxy.passthrough import Readiness
 from crihook.proxy.store import Store
@@ -74,10 +74,7 @@ __all__ = [
     "method_label",
 ]
 
-INTERCEPTED, PASSTHROUGH = "intercepted", "passthrough"
 """The `path` label: through the pipeline and its hooks, or relayed as bytes."""
-OTHER_METHOD = "other"
-"""The `method` label of a method the compiled CRI API does not have (a newer kubelet's)."""
 
 CALL_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -90,7 +87,6 @@ HOOK_BUCKETS = (
 )  # fmt: skip
 """Seconds: an in-process hook answers in microseconds, a plugin within its timeout."""
 
-_KNOWN_METHODS = frozenset(m.name for m in known_methods())
 _USAGE_FAMILIES = {
     "cpu": ("crihook_pool_cpus", "CPUs by pool (exclusive, shared, reserved)", ("pool",)),
     "memory": (
@@ -466,13 +462,6 @@ def _histogram(
 
 
 # --- the grpc.aio data path: pass-through calls ------------------------------------------------
-
-
-def method_label(path: str) -> str:
-    """`/runtime.v1.RuntimeService/ListContainers` → `ListContainers`; a method the compiled
-    API does not have → `other` (a client must not create series at will)."""
-    name = path.rpartition("/")[2]
-    return name if name in _KNOWN_METHODS else OTHER_METHOD
 
 
 def measured_handler(

@@ -39,6 +39,7 @@ from crihook.hooks.spec.views import (
 from crihook.proxy import observe
 from crihook.proxy.chain import Chain
 from crihook.proxy.errors import CrihookError, HookRejected
+from crihook.proxy.memory_trim import LARGE_MESSAGE_BYTES
 from crihook.proxy.merge import Merger, jsonable
 from crihook.proxy.methods import INTERCEPTED, method_path
 from crihook.proxy.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
@@ -229,6 +230,9 @@ class Pipeline:
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
         runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
         self.on_outcome: Callable[[Outcome], None] | None = None
+        self.after_large: Callable[[int], None] | None = None
+        """Told the size of each request of LARGE_MESSAGE_BYTES or more, once its call
+        ended (proxy/memory_trim.py gives the memory back)."""
         """Told every call's outcome, with each hook's run and what the hooks asked the node
         (recording, replay); also when kubelet cancelled the call. Called on the event loop;
         must not block."""
@@ -250,8 +254,12 @@ class Pipeline:
         plain function returning the flow's own coroutine: no wrapper coroutine per call.)"""
         outcome = Outcome(event, raw, metadata)
         if self.on_outcome is None:
-            return self._handle(outcome, deadline)
-        return self._handle_and_tell(outcome, deadline, self.on_outcome)
+            flow = self._handle(outcome, deadline)
+        else:
+            flow = self._handle_and_tell(outcome, deadline, self.on_outcome)
+        if self.after_large is not None and len(raw) >= LARGE_MESSAGE_BYTES:
+            return _then(flow, self.after_large, len(raw))
+        return flow
 
     async def _handle_and_tell(
         self, outcome: Outcome, deadline: float | None, tell: Callable[[Outcome], None]
@@ -660,6 +668,15 @@ class Pipeline:
                 outcome.updates = self.updater.issue(updates, call.describe(), listened)
             else:
                 outcome.updates = await self.updater.send(updates, call.describe())
+
+
+async def _then(
+    flow: Coroutine[Any, Any, Outcome], tell: Callable[[int], None], size: int
+) -> Outcome:
+    try:
+        return await flow
+    finally:
+        tell(size)
 
 
 def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:

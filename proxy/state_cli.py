@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crihook.proxy.records_journal import apply_records, read_records
 from crihook.proxy.state_dir import LOCK_FILE, state_dir_holder
 from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE, apply_journal, read_journal
 
@@ -27,9 +28,13 @@ def _read(path: Path) -> Any:
 
 
 def load_state(state_dir: Path) -> dict[str, Any]:
+    # The records: store.json (the snapshot) and the lines written since, journal first
+    # (read_records says why).
+    records = read_records(state_dir)
     store = _read(state_dir / STORE_FILE) or {"pods": {}, "containers": {}}
+    apply_records(records, store)
     hooks_dir = state_dir / HOOKS_DIR
-    # What calls wrote ahead since crihook's last checkpoint (a fraction of a second ago, or
+    # What calls wrote ahead since crihook's last compaction (at most seconds ago, or
     # before it stopped) is in the journal; read first (read_journal says why).
     journal = read_journal(hooks_dir)
     hooks = {p.stem: _read(p) for p in sorted(hooks_dir.glob("*.json"))}

@@ -2,10 +2,10 @@
 
 Keyed by sandbox id and container id; entries are deleted on Remove (not Stop: a stopped
 container can be inspected and restarted by kubelet). Everything is persisted under the
-state directory with crash-safe writes (temp file, fsync, rename, fsync of the directory),
-off the event loop. At start the store is loaded from disk and reconciled with the runtime:
-what the runtime no longer has is dropped, what it has that the disk lacks is rebuilt from
-its verbose status.
+state directory, off the event loop, as snapshots and the journals of what changed since
+(below). At start the store is loaded from disk and reconciled with the runtime: what the
+runtime no longer has is dropped, what it has that the disk lacks is rebuilt from its
+verbose status.
 
 Two ways to persist, one for each side of the runtime's action:
 
@@ -14,8 +14,8 @@ Two ways to persist, one for each side of the runtime's action:
   changed keys (not whole states) are appended as one line to the hook journal
   (`hooks/journal-<n>.jsonl`), on the event loop: a few hundred bytes into the page cache,
   ~10 µs, where a thread hop and a rename-and-fsync of the state file cost ~0.7 ms. The line
-  is not fsynced: it survives crihook's own crash at once, and the checkpoint below makes it
-  durable within WRITE_BEHIND_SECONDS. A node crash in between loses what it would lose
+  is not fsynced: it survives crihook's own crash at once, and the write-behind below makes
+  it durable within WRITE_BEHIND_SECONDS. A node crash in between loses what it would lose
   anyway: the containers stop with the node, and whatever the runtime still has at the next
   start is learnt back from it (reconcile). If the state directory refuses the line the
   call is not forwarded (`StateWriteError`); nothing is lost from memory. A call that
@@ -26,14 +26,34 @@ Two ways to persist, one for each side of the runtime's action:
   store degraded (logged once on entering, once on leaving) and recovers by itself when the
   disk does.
 
-The background writer checkpoints: it journals what is not journaled yet, starts a new
-journal file, writes each changed hook state whole (`hooks/<name>.json`, crash-safe and
-fsynced) and then deletes the older journal files. So the state files are never more than a
-checkpoint behind, and `load()` (and `crihook state`) read them and replay the journal files
-left over, oldest first; a torn last line of a crash is skipped. Each journal line carries a
-key's value as it was when the line was written, and every change reaches the journal before
-the checkpoint that covers it, so replaying an old journal file over newer state files
-changes nothing.
+What a write costs does not grow with the node: the background writer appends what changed
+and compacts in the background. Each write-behind
+- appends the pod and container records that changed, whole (or null: removed), as one
+  line of the records journal (`records-<n>.jsonl`, proxy/records_journal.py), and fsyncs
+  it;
+- journals the hook state changes not journaled yet and fsyncs the hook journal: the lines
+  written ahead are durable from here on.
+A compaction folds the journals into the snapshot files: store.json (every record, and the
+number of the last records journal file it holds) and each changed hook state whole
+(`hooks/<name>.json`), crash-safe and fsynced, then deletes the journal files they hold.
+It runs when a journal has grown as large as its snapshot (so each byte journaled pays for
+at most one byte rewritten), when a line is COMPACT_SECONDS old, on `flush()` and at
+`close()`: a store.json of 1,000 containers is never rewritten per call, only once the
+calls' lines add up to its size or have waited COMPACT_SECONDS; the snapshot is joined from
+each record's JSON kept since it last changed, and written, in a worker thread.
+
+What the store keeps per pod and container is bounded: labels and annotations together up
+to validate.MAX_KEPT_BYTES (a request over it is refused before it reaches the runtime),
+the audit by the fields hooks may set, and the newest MAX_UPDATE_ERRORS refused updates.
+
+`load()` (and `crihook state`) read the snapshots and replay the journal files left over,
+oldest first; a torn last line of a crash is skipped and named. Records journal files
+numbered up to the one store.json names are skipped (store.json holds them). Each hook
+journal line carries a key's value as it was when the line was written, and every change
+reaches the hook journal before the compaction that covers it, so replaying an old hook
+journal file over newer state files changes nothing. A store.json written before the
+records journal existed (no `"journal"`) loads as the snapshot it is, and is rewritten in
+the new layout at the first compaction.
 """
 
 from __future__ import annotations
@@ -69,6 +89,12 @@ from crihook.hooks.spec.views import (
 from crihook.proxy.crio_status import crio_config
 from crihook.proxy.errors import StateWriteError
 from crihook.proxy.methods import method_path
+from crihook.proxy.records_journal import (
+    apply_records,
+    read_records,
+    records_files,
+    records_name,
+)
 from crihook.proxy.runtime_client import RuntimeClient
 
 __all__ = [
@@ -93,11 +119,16 @@ JOURNAL_PREFIX = "journal-"
 JOURNAL_SUFFIX = ".jsonl"
 """Hook journal files: hooks/journal-<n>.jsonl, n counting up from 1 in each process life."""
 WRITE_BEHIND_SECONDS = 0.2
+COMPACT_SECONDS = 2.0
+"""A journal line is folded into the snapshot files at most this long after it was written
+(sooner when the journals have grown as large as the snapshots)."""
 RETRY_FIRST_SECONDS = 0.2
 """After a failed write-behind, the first retry waits this long; each next one twice as long."""
 RETRY_MAX_SECONDS = 5.0
 """The longest wait between two retries of a failed write-behind."""
 TEMP_MARK = ".tmp-"
+MAX_UPDATE_ERRORS = 10
+"""A container record keeps its newest refused updates, this many (the log has them all)."""
 STALE_TEMP_SECONDS = 60.0
 """A temp file of a live process older than this is left over too (a write takes ms)."""
 STATE_DIR_MODE = 0o700
@@ -178,7 +209,7 @@ class ContainerRecord:
 
 class HookStateStore:
     """One hook's private key-value namespace (JSON values), persisted with the store. Each
-    value is encoded once, when it is set: the journal line and the checkpoint join the
+    value is encoded once, when it is set: the journal line and the compaction join the
     encodings instead of encoding the state again."""
 
     def __init__(self, name: str, data: dict[str, Any], on_change: Any) -> None:
@@ -279,14 +310,14 @@ def journal_files(hooks_dir: Path) -> list[tuple[int, Path]]:
 
 def read_journal(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
     """The lines of the hook journal files in `hooks_dir`, oldest file first. Read them
-    before the state files when crihook may be running: a checkpoint between the two reads
+    before the state files when crihook may be running: a compaction between the two reads
     then leaves old lines over new files (harmless), never new files missing the lines."""
     found = []
     for _, path in journal_files(hooks_dir):
         try:
             found.append((path, path.read_bytes().splitlines()))
         except FileNotFoundError:
-            continue  # a checkpoint took it into the state files meanwhile
+            continue  # a compaction took it into the state files meanwhile
         except OSError as exc:
             log.error("cannot read the hook journal %s: %s", path, _describe(exc))
     return found
@@ -359,6 +390,11 @@ class JournalFile:
             self.close()  # the next line opens (and makes) the file again
             raise
 
+    def sync(self) -> None:
+        """fsync what was appended (raises OSError)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -400,19 +436,68 @@ class _WriteFailed(Exception):
         super().__init__(self.reason)
 
 
+@dataclass
+class _Plan:
+    """What one write puts on disk, from a worker thread (Store._write)."""
+
+    records_line: tuple[Path, bytes] | None = None
+    """A line for the records journal file."""
+    snapshot: tuple[list[str], list[str], int] | None = None
+    """store.json anew: every pod's and container's JSON fragment, and the number of the
+    last records journal file it holds."""
+    snapshot_bytes: int = 0
+    hooks: dict[str, bytes] = field(default_factory=dict)
+    """Hook state files anew; then the hook journal files up to `hooks_covered` go."""
+    hooks_covered: int = 0
+    sync: Path | None = None
+    """The hook journal file whose appended lines are fsynced."""
+
+    @property
+    def empty(self) -> bool:
+        return (
+            self.records_line is None
+            and self.snapshot is None
+            and not self.hooks
+            and self.sync is None
+        )
+
+
 class Store:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
         self._hook_states: dict[str, HookStateStore] = {}
-        self._dirty_store = False
+        self._changed_pods: set[str] = set()
+        self._changed_containers: set[str] = set()
+        """Records changed since the last records journal line (or snapshot)."""
+        self._by_pod: dict[str, dict[str, None]] = {}
+        """Sandbox id → the ids of its containers (in the order they were put)."""
+        self._records_gen = 1
+        """The records journal file lines go to; a compaction starts the next one."""
+        self._records_file = JournalFile()
+        self._records_bytes = 0
+        """Bytes in the records journal files since the last snapshot (store.json)."""
+        self._snapshot_bytes = 0
+        """store.json's size when it was last written (or read)."""
+        self._hook_journal_bytes = 0
+        """Bytes in the hook journal files since the last compaction of the hook states."""
+        self._hook_file_bytes: dict[str, int] = {}
+        """Each hook's state file size when it was last written (or read)."""
+        self._unsynced: Path | None = None
+        """The hook journal file holds lines not fsynced yet (the write-behind does)."""
+        self._uncompacted_since: float | None = None
+        """When the first journal line the snapshots lack was written (monotonic)."""
+        self._compact_timer: asyncio.TimerHandle | None = None
+        self._compact_wanted = False
+        self._appended = 0
+        """Lines appended to the hook journal so far (tells whether one came after a sync)."""
         self._dirty_hooks: set[str] = set()
-        """Hooks whose state file is behind: written at the next checkpoint."""
+        """Hooks whose state file is behind: written at the next compaction."""
         self._unjournaled: dict[str, set[str]] = {}
         """Hook → keys changed since the last journal line."""
         self._journal_gen = 1
-        """The journal file lines are appended to; a checkpoint starts the next one."""
+        """The journal file lines are appended to; a compaction starts the next one."""
         self._journal_at: tuple[int, Path] = (0, state_dir)
         self._journal_file = JournalFile()
         # Hook state changes are numbered; a call knows the number of its own last one, and
@@ -431,9 +516,9 @@ class Store:
         self._writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closing = False
-        # Each record's JSON, kept between writes so a flush joins them instead of
-        # re-encoding the whole store. None: changed, encoded at the next write (off the
-        # call path, and once however often it changed in between).
+        # Each record's JSON, kept between writes so a journal line or a snapshot joins them
+        # instead of re-encoding the store. None: changed, encoded at the next write (off
+        # the call path, and once however often it changed in between).
         self._pod_json: dict[str, str | None] = {}
         self._container_json: dict[str, str | None] = {}
         self.degraded: str | None = None
@@ -462,32 +547,47 @@ class Store:
             raise ValueError("a pod record needs a sandbox id")
         self.pods[record.view.id] = record
         self._pod_json[record.view.id] = None
-        self._touch()
+        self._changed_pods.add(record.view.id)
 
     def put_container(self, record: ContainerRecord) -> None:
         """Add or replace a container record; call again after changing it in place."""
         if not record.view.id:
             raise ValueError("a container record needs a container id")
-        self.containers[record.view.id] = record
-        self._container_json[record.view.id] = None
-        self._touch()
+        cid = record.view.id
+        if len(record.update_errors) > MAX_UPDATE_ERRORS:
+            del record.update_errors[:-MAX_UPDATE_ERRORS]
+        old = self.containers.get(cid)
+        if old is not None and old.view.pod_id != record.view.pod_id:
+            self._unindex(cid, old.view.pod_id)
+        self.containers[cid] = record
+        self._by_pod.setdefault(record.view.pod_id, {})[cid] = None
+        self._container_json[cid] = None
+        self._changed_containers.add(cid)
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
         record = self.containers.pop(container_id, None)
         self._container_json.pop(container_id, None)
         if record is not None:
-            self._touch()
+            self._unindex(container_id, record.view.pod_id)
+            self._changed_containers.add(container_id)
         return record
 
     def remove_pod(self, sandbox_id: str) -> PodRecord | None:
         """Remove a pod and every container of it."""
         record = self.pods.pop(sandbox_id, None)
         self._pod_json.pop(sandbox_id, None)
-        for cid in [c for c, r in self.containers.items() if r.view.pod_id == sandbox_id]:
+        for cid in list(self._by_pod.get(sandbox_id, ())):
             self.remove_container(cid)
         if record is not None:
-            self._touch()
+            self._changed_pods.add(sandbox_id)
         return record
+
+    def _unindex(self, container_id: str, sandbox_id: str) -> None:
+        ids = self._by_pod.get(sandbox_id)
+        if ids is not None:
+            ids.pop(container_id, None)
+            if not ids:
+                del self._by_pod[sandbox_id]
 
     def container_states(self) -> dict[str, ContainerState]:
         return {cid: r.state for cid, r in self.containers.items()}
@@ -500,7 +600,7 @@ class Store:
 
     def containers_of(self, sandbox_id: str) -> list[ContainerView]:
         """The containers recorded for one sandbox."""
-        return [r.view for r in self.containers.values() if r.view.pod_id == sandbox_id]
+        return [self.containers[cid].view for cid in self._by_pod.get(sandbox_id, ())]
 
     def snapshot(self) -> tuple[list[PodView], list[ContainerView]]:
         return ([r.view for r in self.pods.values()], [r.view for r in self.containers.values()])
@@ -514,9 +614,6 @@ class Store:
 
     def hook_states(self) -> dict[str, dict[str, Any]]:
         return {n: s.to_dict() for n, s in self._hook_states.items()}
-
-    def _touch(self) -> None:
-        self._dirty_store = True
 
     def _hook_touched(self, name: str, key: str) -> None:
         self._dirty_hooks.add(name)
@@ -532,7 +629,8 @@ class Store:
 
     @property
     def hook_states_dirty(self) -> bool:
-        return bool(self._dirty_hooks)
+        """Hook state changes not durably on disk yet (not journaled, or not fsynced)."""
+        return bool(self._unjournaled) or self._unsynced is not None
 
     @contextlib.contextmanager
     def track_changes(self) -> Iterator[CallChanges]:
@@ -547,7 +645,11 @@ class Store:
 
     @property
     def _dirty(self) -> bool:
-        return self._dirty_store or bool(self._dirty_hooks)
+        return (
+            bool(self._changed_pods or self._changed_containers)
+            or self.hook_states_dirty
+            or self._compact_wanted
+        )
 
     # --- loading -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -556,17 +658,7 @@ class Store:
         (self.state_dir / HOOKS_DIR).mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
             _remove_leftover_temp_files(directory)
-        path = self.state_dir / STORE_FILE
-        doc = _read_json(path)
-        if doc is not None:
-            if doc.get("version") != STORE_VERSION:
-                _set_aside(path, f"version {doc.get('version')!r}, expected {STORE_VERSION}")
-            else:
-                for doc_pod in doc.get("pods", {}).values():
-                    self.put_pod(PodRecord.from_dict(doc_pod))
-                for doc_container in doc.get("containers", {}).values():
-                    self.put_container(ContainerRecord.from_dict(doc_container))
-                self._dirty_store = False
+        self._load_records()
         hooks_dir = self.state_dir / HOOKS_DIR
         journal = read_journal(hooks_dir)
         states: dict[str, dict[str, Any]] = {}
@@ -578,10 +670,15 @@ class Store:
         last = max((gen for gen, _ in journal_files(hooks_dir)), default=0)
         for name, data in states.items():
             self._hook_states[name] = HookStateStore(name, data, self._hook_touched)
-        # What only the journal has goes into the state files at the first checkpoint, which
-        # then deletes the journal files read here.
+            with contextlib.suppress(OSError):
+                self._hook_file_bytes[name] = (hooks_dir / f"{name}.json").stat().st_size
+        # What only the journal has goes into the state files at the first compaction,
+        # which then deletes the journal files read here.
         self._dirty_hooks |= replayed
+        self._hook_journal_bytes = sum(len(line) + 1 for _, lines in journal for line in lines)
         self._journal_gen = last + 1
+        if replayed or self._records_bytes:
+            self._compact_wanted = True
         mounts = MountTable()
         try:
             blocking = mounts.blocking_type(str(self.state_dir.resolve()))
@@ -596,6 +693,35 @@ class Store:
                 blocking,
             )
 
+    def _load_records(self) -> None:
+        """store.json (the snapshot; today's or an older crihook's, which has no journal)
+        and the records journal lines written after it."""
+        path = self.state_dir / STORE_FILE
+        journal = read_records(self.state_dir)
+        doc = _read_json(path)
+        if doc is not None and doc.get("version") != STORE_VERSION:
+            _set_aside(path, f"version {doc.get('version')!r}, expected {STORE_VERSION}")
+            doc = None
+        if doc is None:
+            doc = {}
+        else:
+            with contextlib.suppress(OSError):
+                self._snapshot_bytes = path.stat().st_size
+        covered = doc.get("journal", 0)
+        covered = covered if isinstance(covered, int) else 0
+        apply_records(journal, doc)
+        for doc_pod in doc.get("pods", {}).values():
+            self.put_pod(PodRecord.from_dict(doc_pod))
+        for doc_container in doc.get("containers", {}).values():
+            self.put_container(ContainerRecord.from_dict(doc_container))
+        self._changed_pods.clear()
+        self._changed_containers.clear()
+        last = max((gen for gen, _, _ in journal), default=0)
+        self._records_gen = max(last, covered) + 1
+        self._records_bytes = sum(
+            len(line) + 1 for gen, _, lines in journal if gen > covered for line in lines
+        )
+
     # --- persistence -------------------------------------------------------------------------
     async def write_ahead(self, through: int) -> None:
         """Journal every hook state change not journaled yet, unless the disk has every
@@ -608,7 +734,7 @@ class Store:
         the background writer retries it. Only a call that changed hook state writes ahead,
         so one failed write fails no call that keeps nothing."""
         if self._journaled >= through:
-            return  # an earlier line or checkpoint took this call's changes along
+            return  # an earlier line or compaction took this call's changes along
         async with self._journal_lock:
             if self._journaled >= through:
                 return
@@ -618,7 +744,7 @@ class Store:
                 self._failed(exc)
                 self.write_behind()
                 raise StateWriteError(self.state_dir, exc.error) from exc.error
-        self.write_behind()  # the checkpoint that makes the line durable
+        self.write_behind()  # the fsync that makes the line durable
         self._wake.set()  # a write-behind waiting to retry: the disk works again
 
     def write_behind(self) -> None:
@@ -634,13 +760,16 @@ class Store:
             WRITE_BEHIND_SECONDS, self._start_writer
         )
 
-    async def flush(self) -> None:
-        """Persist every change made so far; returns once it is on disk. Raises the OSError
+    async def flush(self, compact: bool = True) -> None:
+        """Persist every change made so far; returns once it is on disk (`compact`: in the
+        snapshot files, else as journal lines unless the journals are as large as their
+        snapshots; a compaction wanted for its age then follows in the background, with the
+        next write-behind). Raises the OSError
         when the state directory refuses the write (the changes stay in memory, still marked
         changed, and the store is degraded until a write succeeds)."""
         async with self._write_lock:
             try:
-                await self._write_dirty()
+                await self._write_dirty(compact=compact)
             except _WriteFailed as exc:
                 self._failed(exc)
                 raise exc.error from None
@@ -654,6 +783,9 @@ class Store:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._compact_timer is not None:
+            self._compact_timer.cancel()
+            self._compact_timer = None
         if self._writer is not None:
             self._wake.set()  # a writer waiting to retry gives up; one writing finishes
             with contextlib.suppress(asyncio.CancelledError):
@@ -671,6 +803,7 @@ class Store:
         await self.write_status()
         async with self._journal_lock:
             self._journal_file.close()
+        self._records_file.close()
 
     def status(self) -> dict[str, Any]:
         """The store's part of status.json: whether writes are failing, and since when."""
@@ -747,61 +880,137 @@ class Store:
             return
         self.write_behind()  # what changed while it was writing
 
-    async def _write_dirty(self) -> None:
-        """Under the write lock: a checkpoint of what changed (module docstring), the files
-        written off the event loop. On any failure what was taken is marked changed again."""
-        store = None
-        if self._dirty_store:
-            pods = ", ".join(_fragments(self._pod_json, self.pods))
-            containers = ", ".join(_fragments(self._container_json, self.containers))
-            store = (
-                f'{{"containers": {{{containers}}}, "pods": {{{pods}}}, '
-                f'"version": {STORE_VERSION}}}'
-            ).encode()
+    async def _write_dirty(self, compact: bool | None = None) -> None:
+        """Under the write lock: what changed, appended to the journals, or folded into the
+        snapshot files when a compaction is due (`compact`: now; False: not for its age
+        this time); the files are written off the event loop (module docstring). On any
+        failure what was taken is marked changed again."""
+        compact = self._compact_wanted if compact is None else compact
+        plan = _Plan()
         names = self._dirty_hooks
-        if store is None and not names:
-            return
-        hooks: dict[str, bytes] = {}
-        covered = 0
-        if names:
+        hooks_due = compact or self._hook_journal_bytes >= sum(self._hook_file_bytes.values())
+        seq = 0
+        if names and hooks_due:
             async with self._journal_lock:  # no line may land in the file being retired
                 await self._append_journal()  # raises before anything is taken
-                covered = self._journal_gen  # the state files written now hold all it has
+                plan.hooks_covered = self._journal_gen  # the state files now hold all it has
                 self._journal_gen += 1
                 self._journal_file.close()  # the file is removed once the states are written
-                hooks = {n: self._hook_states[n].encoded() for n in names}
-        self._dirty_store = self._dirty_store and store is None
-        self._dirty_hooks = set()
+                plan.hooks = {n: self._hook_states[n].encoded() for n in names}
+                self._hook_journal_bytes = 0
+                self._unsynced = None
+            self._dirty_hooks = set()
+        elif self._unjournaled or self._unsynced is not None:
+            async with self._journal_lock:
+                await self._append_journal()
+            plan.sync = self._unsynced
+            seq = self._appended
+        # The records last: the hooks' part may raise before it took anything.
+        pods, containers = self._changed_pods, self._changed_containers
+        if pods or containers or (compact and self._records_bytes):
+            line = None
+            if not compact:
+                line = _records_line(pods, containers, self._pod_json, self._container_json, self)
+            if line is None or self._records_bytes + len(line) >= self._snapshot_bytes:
+                plan.snapshot = (
+                    _fragments(self._pod_json, self.pods),
+                    _fragments(self._container_json, self.containers),
+                    self._records_gen,
+                )
+            else:
+                plan.records_line = (self.state_dir / records_name(self._records_gen), line)
+            self._changed_pods, self._changed_containers = set(), set()
+        if plan.empty:
+            return
         try:
-            await asyncio.to_thread(self._write, store, hooks, covered)
+            await asyncio.to_thread(self._write, plan)
         except BaseException:
             # Nothing is lost: what was taken is marked again and the next write retries it.
-            self._dirty_store = self._dirty_store or store is not None
-            self._dirty_hooks |= names
+            self._changed_pods |= pods
+            self._changed_containers |= containers
+            self._dirty_hooks |= names if plan.hooks else set()
+            if plan.hooks or plan.snapshot is not None:
+                self._compact_wanted = True  # the retry compacts what this one took
             raise
+        if plan.snapshot is not None:
+            self._records_gen += 1
+            self._records_bytes = 0
+            self._snapshot_bytes = plan.snapshot_bytes
+        elif plan.records_line is not None:
+            self._records_bytes += len(plan.records_line[1])
+            self._journaled_since_compaction()
+        for name, data in plan.hooks.items():
+            self._hook_file_bytes[name] = len(data)
+        if plan.sync is not None and self._appended == seq:
+            self._unsynced = None  # no line came after the one just made durable
+        if not self._records_bytes and not self._hook_journal_bytes:
+            self._compacted()
 
-    def _write(self, store: bytes | None, hooks: dict[str, bytes], covered: int) -> None:
+    def _write(self, plan: _Plan) -> None:
         """In a worker thread. Hook states first: they cannot be rebuilt, the records can.
-        Then the journal files up to `covered`, which the hook states now hold."""
+        Then the hook journal files up to the one the states now hold; the hook journal's
+        lines made durable; the records' line, or their snapshot and the records journal
+        files it holds."""
         hooks_dir = self.state_dir / HOOKS_DIR
-        targets = [(hooks_dir / f"{name}.json", data) for name, data in hooks.items()]
-        if store is not None:
-            targets.append((self.state_dir / STORE_FILE, store))
-        for path, data in targets:
+        for name, data in plan.hooks.items():
+            path = hooks_dir / f"{name}.json"
             try:
-                if path.parent == hooks_dir:
-                    hooks_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+                hooks_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
                 write_atomic(path, data)
             except OSError as exc:
                 raise _WriteFailed(path, exc) from exc
-        for gen, path in journal_files(hooks_dir):
-            if gen <= covered:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:  # replaying it over newer state files is harmless
-                    log.warning("cannot remove %s: %s", path, _describe(exc))
+        if plan.hooks:
+            _remove_files(journal_files(hooks_dir), plan.hooks_covered)
+        if plan.sync is not None:
+            try:
+                _fsync(plan.sync)
+            except FileNotFoundError:
+                pass  # a compaction took it into the state files meanwhile
+            except OSError as exc:
+                raise _WriteFailed(plan.sync, exc) from exc
+        if plan.records_line is not None:
+            path, line = plan.records_line
+            try:
+                self._records_file.append(path, line)
+                self._records_file.sync()
+            except OSError as exc:
+                raise _WriteFailed(path, exc) from exc
+            finally:
+                self._records_file.close()
+        if plan.snapshot is not None:
+            pods, containers, covered = plan.snapshot
+            data = (
+                f'{{"containers": {{{", ".join(containers)}}}, "journal": {covered}, '
+                f'"pods": {{{", ".join(pods)}}}, "version": {STORE_VERSION}}}'
+            ).encode()
+            path = self.state_dir / STORE_FILE
+            try:
+                write_atomic(path, data)
+            except OSError as exc:
+                raise _WriteFailed(path, exc) from exc
+            plan.snapshot_bytes = len(data)
+            _remove_files(records_files(self.state_dir), covered)
+
+    def _journaled_since_compaction(self) -> None:
+        """A journal line the snapshot files lack: folded into them within COMPACT_SECONDS."""
+        if self._uncompacted_since is not None or self._closing:
+            return
+        self._uncompacted_since = time.monotonic()
+        self._compact_timer = asyncio.get_running_loop().call_later(
+            COMPACT_SECONDS, self._compact_soon
+        )
+
+    def _compact_soon(self) -> None:
+        self._compact_timer = None
+        self._compact_wanted = True
+        self.write_behind()
+
+    def _compacted(self) -> None:
+        self._uncompacted_since = None
+        self._compact_wanted = False
+        if self._compact_timer is not None:
+            self._compact_timer.cancel()
+            self._compact_timer = None
 
     def _journal_path(self) -> Path:
         """The current journal file's path (made once per generation: pathlib is slow)."""
@@ -832,6 +1041,10 @@ class Store:
                 for name, keys in taken.items():  # with whatever changed meanwhile
                     self._unjournaled.setdefault(name, set()).update(keys)
                 raise _WriteFailed(path, exc) from exc
+            self._hook_journal_bytes += len(data)
+            self._unsynced = path
+            self._appended += 1
+            self._journaled_since_compaction()
         self._journaled = max(self._journaled, through)
 
     def _failed(self, exc: _WriteFailed) -> None:
@@ -892,8 +1105,6 @@ class Store:
             view = await _rebuild_container(runtime, container, pod.view)
             self.put_container(ContainerRecord(view, state=container_state(container.state)))
             rebuilt += 1
-        if dropped or rebuilt:
-            self._touch()
         return kept, rebuilt, dropped
 
     async def missing_from(self, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
@@ -1074,6 +1285,53 @@ async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodVie
     return view
 
 
+def _records_line(
+    pods: set[str],
+    containers: set[str],
+    pod_json: dict[str, str | None],
+    container_json: dict[str, str | None],
+    store: Store,
+) -> bytes:
+    """A records journal line: the records in `pods` and `containers` whole, or null where
+    removed (module docstring of records_journal)."""
+
+    def part(ids: set[str], cache: dict[str, str | None], records: Mapping[str, Any]) -> str:
+        out = []
+        for key in sorted(ids):
+            if key not in cache:
+                out.append(f"{_encode_key(key)}: null")
+                continue
+            fragment = cache[key]
+            if fragment is None:
+                fragment = cache[key] = _fragment(key, records[key].to_dict())
+            out.append(fragment)
+        return ", ".join(out)
+
+    containers_part = part(containers, container_json, store.containers)
+    pods_part = part(pods, pod_json, store.pods)
+    return f'{{"containers": {{{containers_part}}}, "pods": {{{pods_part}}}}}\n'.encode()
+
+
+def _remove_files(files: list[tuple[int, Path]], covered: int) -> None:
+    """Remove the journal files numbered up to `covered` (a snapshot holds what they hold)."""
+    for gen, path in files:
+        if gen <= covered:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # replaying it over a newer snapshot is harmless
+                log.warning("cannot remove %s: %s", path, _describe(exc))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fragments(
     cache: dict[str, str | None], records: Mapping[str, PodRecord] | Mapping[str, ContainerRecord]
 ) -> list[str]:
@@ -1087,7 +1345,7 @@ def _fragments(
 
 
 def _fragment(key: str, doc: dict[str, Any]) -> str:
-    return f"{json.dumps(key)}: {json.dumps(doc, sort_keys=True)}"
+    return f"{_encode_key(key)}: {_encode_value(doc)}"  # the kept C encoder: ~2x json.dumps
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -51,6 +51,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+REFRESH_IN_FLIGHT = 16
+"""ContainerStatus calls in flight while the resources are refreshed at start."""
 SYNC_TIMEOUT_SECONDS = 30.0
 Found = tuple[list[PodRecord], list[ContainerRecord]]
 """What a reconcile of some pods added to the store: their new pod and container records."""
@@ -174,25 +176,38 @@ class Synchronizer:
 
     async def refresh_resources(self) -> int:
         """Take each known container's resources from the runtime (what it runs with now,
-        updates included). Returns how many differed from the store's record."""
+        updates included). Returns how many differed from the store's record. Asked
+        REFRESH_IN_FLIGHT at a time: one after another, 1,000 containers kept crihook from
+        being ready for as many runtime round trips."""
         differed = 0
-        for record in list(self.store.containers.values()):
-            try:
-                linux = await self.runtime.resources(record.view.id)
-            except grpc.aio.AioRpcError:
-                continue  # gone meanwhile: the next reconcile drops it
-            if linux is None:
-                continue
-            recorded = record.view.resources
-            res = resources_view(linux, recorded.qos_class)
-            if res != recorded:
-                # The runtime reports the score it applied at creation, which containerd may
-                # have raised (restrict_oom_score_adj); nothing changes it after: no drift.
-                if replace(res, oom_score_adj=recorded.oom_score_adj) != recorded:
-                    differed += 1
-                record.view = replace(record.view, resources=res)
-                self.store.put_container(record)
+        records = list(self.store.containers.values())
+        queue = iter(records)
+
+        async def worker() -> None:
+            nonlocal differed
+            for record in queue:
+                differed += await self._refresh(record)
+
+        workers = [worker() for _ in range(min(REFRESH_IN_FLIGHT, len(records)))]
+        await asyncio.gather(*workers)
         return differed
+
+    async def _refresh(self, record: ContainerRecord) -> int:
+        try:
+            linux = await self.runtime.resources(record.view.id)
+        except grpc.aio.AioRpcError:
+            return 0  # gone meanwhile: the next reconcile drops it
+        if linux is None or self.store.container(record.view.id) is not record:
+            return 0  # removed, or replaced by a call, while we waited
+        recorded = record.view.resources
+        res = resources_view(linux, recorded.qos_class)
+        if res == recorded:
+            return 0
+        record.view = replace(record.view, resources=res)
+        self.store.put_container(record)
+        # The runtime reports the score it applied at creation, which containerd may have
+        # raised (restrict_oom_score_adj); nothing changes it after: no drift.
+        return int(replace(res, oom_score_adj=recorded.oom_score_adj) != recorded)
 
     async def synchronize(self, reason: str) -> None:
         """Every hook's synchronize; their repairs sent. A hook that fails is logged and

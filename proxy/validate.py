@@ -48,7 +48,14 @@ from crihook.hooks.spec import Event
 from crihook.hooks.spec.limits import resources_problem
 from crihook.proxy.methods import INTERCEPTED
 
-__all__ = ["check_request", "check_resources", "check_wire"]
+__all__ = ["MAX_KEPT_BYTES", "check_request", "check_resources", "check_wire"]
+
+MAX_KEPT_BYTES = 512 * 1024
+"""The most a pod's or a container's labels and annotations may hold together (keys and
+values, in characters): crihook keeps them in its store for every later call of that pod, so a
+request over it is refused (INVALID_ARGUMENT) before hooks or the runtime see it. Twice
+Kubernetes' own bound on a pod's annotations (256 KiB), which the API server enforces: a
+pod kubelet runs stays below it unless its labels alone are as large."""
 
 VARINT, FIXED64, LENGTH_DELIMITED, START_GROUP, END_GROUP, FIXED32 = range(6)
 _WIRE_NAMES = ("varint", "64-bit", "length-delimited", "start group", "end group", "32-bit")
@@ -206,7 +213,7 @@ def _run_pod_sandbox(request: api_pb2.RunPodSandboxRequest) -> str | None:
         return _missing(request, "config.metadata")
     if not request.config.metadata.uid:
         return _empty(request, "config.metadata.uid")
-    return None
+    return _kept(request, "config", request.config)
 
 
 def _create_container(request: api_pb2.CreateContainerRequest) -> str | None:
@@ -217,7 +224,23 @@ def _create_container(request: api_pb2.CreateContainerRequest) -> str | None:
             return _missing(request, name)
         if not part.HasField("metadata"):
             return _missing(request, f"{name}.metadata")
+        problem = _kept(request, name, part)
+        if problem is not None:
+            return problem
     return None
+
+
+def _kept(request: Message, name: str, config: Any) -> str | None:
+    """Labels and annotations over MAX_KEPT_BYTES, named with their size; None if within."""
+    size = sum(len(k) + len(v) for k, v in config.labels.items())
+    size += sum(len(k) + len(v) for k, v in config.annotations.items())
+    if size <= MAX_KEPT_BYTES:
+        return None
+    return (
+        f"{request.DESCRIPTOR.name} {name}.labels and {name}.annotations hold {size} characters "
+        f"({len(config.labels)} labels, {len(config.annotations)} annotations): more than "
+        f"the {MAX_KEPT_BYTES} crihook keeps per pod or container"
+    )
 
 
 def _container_id(request: api_pb2.StartContainerRequest) -> str | None:

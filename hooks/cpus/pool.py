@@ -26,7 +26,10 @@ id>`, `r:<reservation key>`, `b:<pod id>` → JSON), so a restart rebuilds the s
 container that holds no CPUs of its own (one on a shared pool, a stopped one) is not
 written: all it has is its pool and whether it runs, which follow from its pod and the
 runtime, so a restart adopts it as it was (`reconcile`). The many shared containers of a
-node then change no state (the store rewrites a hook's whole state at each change).
+node then change no state.
+
+What a call asks of the pool does not walk the node: holders are indexed by pod (a pod's
+holders, its earlier attempts), and the node's pools are kept until CPUs change hands.
 """
 
 from __future__ import annotations
@@ -177,6 +180,10 @@ class CpuPool:
     )
     """Node pools by (name, NUMA nodes) with their cpulist, asked on every call: computed
     once, forgotten whenever CPUs change hands (`_changed`)."""
+    _be: frozenset[int] | None = None
+    """The BE pool, kept as `_pools` is."""
+    _by_pod: dict[str, dict[str, None]] = field(default_factory=dict)
+    """Pod id → the keys of its holders (container ids and reservation keys)."""
 
     # --- reading -----------------------------------------------------------------------------
     def held(self) -> frozenset[int]:
@@ -195,6 +202,11 @@ class CpuPool:
     def be_pool(self) -> frozenset[int]:
         """Koordinator's BE pool: the shared pool plus the scheduled CPUs BE pods may share
         (an LSR pod's), unless another holder holds them too."""
+        if self._be is None:
+            self._be = self._be_pool()
+        return self._be
+
+    def _be_pool(self) -> frozenset[int]:
         lent: set[int] = set()
         kept: set[int] = {c for b in self.bubbles.values() for c in b.cpus}
         for holder in self._holders():
@@ -250,16 +262,20 @@ class CpuPool:
         bubble = self.bubbles.get(pod)
         if bubble is None:
             return frozenset()
-        sliced = {c for h in self._holders() if h.pod == pod and h.in_bubble for c in h.cpus}
+        sliced = {c for _, h in self.pod_holders(pod) if h.in_bubble for c in h.cpus}
         return bubble.cpus - sliced
 
     def holder_of(self, key: str) -> Holder | None:
         return self.containers.get(key) or self.pending.get(key)
 
     def pod_holders(self, pod: str) -> Iterator[tuple[str, Holder]]:
-        for key, holder in self._items():
-            if holder.pod == pod:
-                yield key, holder
+        """The pod's holders: its containers', then its reservations."""
+        keys = list(self._by_pod.get(pod, ()))
+        for table in (self.containers, self.pending):
+            for key in keys:
+                holder = table.get(key)
+                if holder is not None and holder.pod == pod:
+                    yield key, holder
 
     def shared_members(self, pod: str | None = None) -> list[str]:
         """Container ids running on a shared pool: the node's (pod None) or a bubble's."""
@@ -302,6 +318,7 @@ class CpuPool:
         """Hold CPUs for a container being created."""
         self._drop(key)
         self.pending[key] = holder
+        self._index(holder.pod, key)
         self._hold(holder)
         self._persist(_PENDING + key, holder)
 
@@ -311,7 +328,9 @@ class CpuPool:
         if holder is None:
             return None
         self.state.delete(_PENDING + key)
+        self._unindex(holder.pod, key)
         self.containers[container_id] = holder
+        self._index(holder.pod, container_id)
         self._persist(_CONTAINER + container_id, holder)
         return holder
 
@@ -319,6 +338,7 @@ class CpuPool:
         """Set a container's holder directly (adopted at synchronize)."""
         self._drop(container_id)
         self.containers[container_id] = holder
+        self._index(holder.pod, container_id)
         self._hold(holder)
         self._persist(_CONTAINER + container_id, holder)
 
@@ -358,7 +378,7 @@ class CpuPool:
         bubble = Bubble(uid, cpus, pending=True)
         self.bubbles[key] = bubble
         self._refs.update(cpus)
-        self._pools.clear()
+        self._changed()
         self.state.set(_BUBBLE + key, bubble.to_dict())
 
     def confirm_bubble(self, uid: str, pod: str) -> None:
@@ -377,7 +397,7 @@ class CpuPool:
         before = self.held()
         self._refs.subtract(bubble.cpus)
         self._refs = +self._refs  # drop zero counts
-        self._pools.clear()
+        self._changed()
         self.state.delete(_BUBBLE + key)
         return before - self.held()
 
@@ -387,18 +407,21 @@ class CpuPool:
         self.containers.clear()
         self.pending.clear()
         self.bubbles.clear()
+        self._by_pod.clear()
         self._refs.clear()
-        self._pools.clear()
+        self._changed()
         bad = []
         for key, doc in self.state.items():
             try:
                 if key.startswith(_CONTAINER):
                     holder = Holder.from_dict(doc)
                     self.containers[key[len(_CONTAINER) :]] = holder
+                    self._index(holder.pod, key[len(_CONTAINER) :])
                     self._hold(holder)
                 elif key.startswith(_PENDING):
                     holder = Holder.from_dict(doc)
                     self.pending[key[len(_PENDING) :]] = holder
+                    self._index(holder.pod, key[len(_PENDING) :])
                     self._hold(holder)
                 elif key.startswith(_BUBBLE):
                     bubble = Bubble.from_dict(doc)
@@ -431,13 +454,13 @@ class CpuPool:
     def _hold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.update(holder.cpus)
-            self._pools.clear()  # the pools depend on node-level holders with CPUs only
+            self._changed()  # the pools depend on node-level holders with CPUs only
 
     def _unhold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.subtract(holder.cpus)
             self._refs = +self._refs
-            self._pools.clear()
+            self._changed()
 
     def _drop(self, key: str) -> None:
         holder = self.containers.pop(key, None)
@@ -448,4 +471,20 @@ class CpuPool:
             if holder is not None:
                 self.state.delete(_PENDING + key)
         if holder is not None:
+            self._unindex(holder.pod, key)
             self._unhold(holder)
+
+    def _changed(self) -> None:
+        """CPUs changed hands: the node's pools are worked out again when next asked."""
+        self._pools.clear()
+        self._be = None
+
+    def _index(self, pod: str, key: str) -> None:
+        self._by_pod.setdefault(pod, {})[key] = None
+
+    def _unindex(self, pod: str, key: str) -> None:
+        keys = self._by_pod.get(pod)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self._by_pod[pod]

@@ -406,13 +406,17 @@ class NumaHook(Hook):
         for cid, (pod, _) in list(self._owners.items()):
             if pod == ctx.pod.id:
                 self._give_back(cid)
+        changed = False
         for key, pending in list(self._pending.items()):
             if pending["ref"][0] == ctx.pod.id:
                 del self._pending[key]
+                changed = True
         if self._memory is not None:
             for name in list(self._memory.assignments.get(ctx.pod.id, {})):
                 release(self._memory, ContainerRef(ctx.pod.id, name))
-            self._save()
+                changed = True
+            if changed:  # a pod that held nothing (most do not) writes no state
+                self._save()
         return None
 
     def usage(self) -> list[PoolUsage]:

@@ -106,7 +106,7 @@ class ResourcesView:
     hugepage_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in _RESOURCE_FIELDS}
         doc["qos_class"] = self.qos_class.value
         doc["hugepage_limits"] = dict(self.hugepage_limits)
         return doc
@@ -117,6 +117,11 @@ class ResourcesView:
         kw["qos_class"] = QoSClass(kw.get("qos_class", "Unknown"))
         kw["hugepage_limits"] = MappingProxyType(dict(kw.get("hugepage_limits", {})))
         return cls(**kw)
+
+
+_RESOURCE_FIELDS = tuple(f.name for f in fields(ResourcesView))
+"""Its field names, found once: dataclasses.fields() walks the class on every call, and the
+store encodes a record's resources whenever the record changes."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from google.protobuf.message import Message
@@ -10,7 +10,7 @@ from google.protobuf.message import Message
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.proxy.methods import INTERCEPTED
-from crihook.proxy.validate import check_request, check_resources, check_wire
+from crihook.proxy.validate import MAX_KEPT_BYTES, check_request, check_resources, check_wire
 
 
 def varint(value: int) -> bytes:
@@ -480,3 +480,54 @@ def test_every_resources_of_a_call_is_checked(event: Event, request_: Message, w
 @pytest.mark.parametrize("event", list(GOOD), ids=[e.value for e in GOOD])
 def test_complete_requests_without_resources_pass_the_resources_check(event: Event) -> None:
     assert check_resources(event, GOOD[event]) is None
+
+
+# --- what the store keeps per pod is bounded --------------------------------------------------
+
+
+def _labelled(count: int, size: int) -> dict[str, str]:
+    return {f"k{i:06d}": "v" * size for i in range(count)}
+
+
+@pytest.mark.parametrize(
+    ("event", "make"),
+    [
+        (
+            Event.RUN_POD_SANDBOX,
+            lambda labels, annotations: api_pb2.RunPodSandboxRequest(
+                config=api_pb2.PodSandboxConfig(
+                    metadata=api_pb2.PodSandboxMetadata(name="p", uid="u"),
+                    labels=labels,
+                    annotations=annotations,
+                )
+            ),
+        ),
+        (
+            Event.CREATE_CONTAINER,
+            lambda labels, annotations: api_pb2.CreateContainerRequest(
+                pod_sandbox_id="s",
+                config=api_pb2.ContainerConfig(
+                    metadata=api_pb2.ContainerMetadata(name="c"),
+                    labels=labels,
+                    annotations=annotations,
+                ),
+                sandbox_config=api_pb2.PodSandboxConfig(
+                    metadata=api_pb2.PodSandboxMetadata(name="p", uid="u")
+                ),
+            ),
+        ),
+    ],
+    ids=["pod", "container"],
+)
+def test_labels_and_annotations_over_what_the_store_keeps_are_refused_by_name(
+    event: Event, make: Any
+) -> None:
+    within = make(_labelled(100, 100), _labelled(1, MAX_KEPT_BYTES // 2))
+    assert check_request(event, within) is None
+    labels = _labelled(100_000, 4)  # the pod: 100k labels
+    problem = check_request(event, make(labels, {}))
+    assert problem is not None
+    assert "config.labels and config.annotations hold 1100000 characters" in problem
+    assert "(100000 labels, 0 annotations)" in problem
+    assert f"more than the {MAX_KEPT_BYTES} crihook keeps per pod or container" in problem
+    assert check_request(event, make({}, _labelled(2, MAX_KEPT_BYTES // 2))) is not None

@@ -1,0 +1,154 @@
+"""What a pod start costs the event loop as the node fills up, in one process (no sockets, no
+runtime process), so the figure is crihook's own and a profile of it is exact:
+
+    python -m bench.pod_start_cost [--pods 100,1000] [--starts 200] [--guaranteed 10]
+                                   [--reps 3] [--cprofile DIR]
+
+The pipeline is built as bench.pipeline_cost builds it (`--hooks cpuset,numa,oom`, the
+store in a temporary state directory), on the 256-CPU, 8-NUMA sysfs fixture, in front of a
+runtime that answers at once with a new id per sandbox and container. The node is filled
+with one-container pods (RunPodSandbox, CreateContainer, StartContainer; every
+`--guaranteed`th Guaranteed with 1 CPU, 0: none), then `--starts` more are timed: the event
+loop's thread CPU per pod start (the client's request building included: the same at every
+size), the fastest of `--reps` (interleaved across sizes). `--cprofile DIR` writes
+`<pods>.prof` for each size (compare two with pstats).
+Timing lives here, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import itertools
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench import pipeline_cost
+from bench.run import Scenario
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.spec import Event
+from crihook.proxy.methods import INTERCEPTED
+from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs
+
+MiB = 1 << 20
+
+
+class NewIds:
+    """The runtime as the pipeline sees it: RunPodSandbox and CreateContainer answered with a
+    new id each, anything else with an empty message."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+
+    def call(self, path: str) -> Callable[..., Awaitable[bytes]]:
+        async def unary(request: bytes, *, timeout: Any = None, metadata: Any = None) -> bytes:
+            if path.endswith("/RunPodSandbox"):
+                answer = api_pb2.RunPodSandboxResponse(pod_sandbox_id=f"{next(self._ids):064x}")
+                return answer.SerializeToString()
+            if path.endswith("/CreateContainer"):
+                created = api_pb2.CreateContainerResponse(container_id=f"{next(self._ids):064x}")
+                return created.SerializeToString()
+            return b""
+
+        return unary
+
+
+async def measure(pods: int, starts: int, every: int, profile: Path | None) -> float:
+    """ms of event-loop CPU per pod start with `pods` pods on the node."""
+    with tempfile.TemporaryDirectory(prefix="crihook-podstart-") as tmp:
+        root = write_sysfs(Path(tmp) / "sys", EPYC_256_8NUMA)
+        scenario = Scenario(
+            name="resource-hooks",
+            args=("--hooks", "cpuset,numa,oom"),
+            config=f'[node]\nsysfs_root = "{root}"\n',
+            about="",
+        )
+        pipeline, store = await pipeline_cost.build(scenario, Path(tmp) / "state")
+        runtime = NewIds()
+        pipeline._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
+        count = 0
+
+        async def call(event: Event, request: Any) -> bytes:
+            deadline = time.monotonic() + 30
+            outcome = await pipeline.handle(event, request.SerializeToString(), None, deadline)
+            if outcome.status is not None:
+                raise RuntimeError(f"{event.value} failed: {outcome.status}")
+            return outcome.response or b""
+
+        async def pod(guaranteed: bool) -> None:
+            nonlocal count
+            count += 1
+            cpu = 1000 if guaranteed else None
+            container = ContainerSpec(
+                name="app",
+                cpu_request=cpu or 100,
+                cpu_limit=cpu,
+                memory_request=64 * MiB,
+                memory_limit=64 * MiB if guaranteed else None,
+            )
+            spec = PodSpec(name=f"p{count}", containers=[container])
+            sandbox = sandbox_config(spec)
+            run = api_pb2.RunPodSandboxRequest(config=sandbox)
+            sid = api_pb2.RunPodSandboxResponse.FromString(
+                await call(Event.RUN_POD_SANDBOX, run)
+            ).pod_sandbox_id
+            config = container_config(spec, container, node_memory=1024 * GIB)
+            create = api_pb2.CreateContainerRequest(
+                pod_sandbox_id=sid, config=config, sandbox_config=sandbox
+            )
+            cid = api_pb2.CreateContainerResponse.FromString(
+                await call(Event.CREATE_CONTAINER, create)
+            ).container_id
+            await call(Event.START_CONTAINER, api_pb2.StartContainerRequest(container_id=cid))
+            await asyncio.sleep(0)  # the loop's turn: the store's writes
+
+        try:
+            while count < pods:
+                await pod(bool(every) and (count + 1) % every == 0)
+            await asyncio.sleep(0.5)
+            profiler = cProfile.Profile() if profile is not None else None
+            started = time.thread_time()
+            if profiler is not None:
+                profiler.enable()
+            for i in range(starts):
+                await pod(bool(every) and (i + 1) % every == 0)
+            if profiler is not None:
+                profiler.disable()
+                assert profile is not None
+                profile.mkdir(parents=True, exist_ok=True)
+                profiler.dump_stats(profile / f"{pods}.prof")
+            return (time.thread_time() - started) / starts * 1e3
+        finally:
+            await store.close()
+
+
+async def main(sizes: list[int], starts: int, every: int, reps: int, profile: Path | None) -> None:
+    print(f"event-loop CPU per pod start, in one process ({starts} starts, fastest of {reps} "
+          f"reps; every {every or 'no'}th Guaranteed)\n")  # fmt: skip
+    figures: dict[int, float] = {}
+    for _ in range(reps):
+        for size in sizes:
+            figure = await measure(size, starts, every, profile)
+            figures[size] = min(figures.get(size, figure), figure)
+    print("| pods on the node | loop CPU per pod start |\n| ---: | ---: |")
+    for size in sizes:
+        print(f"| {size:,} | {figures[size]:.2f} ms |")
+    if 100 in figures and 1000 in figures:
+        print(f"\n1,000 vs 100: {figures[1000] / figures[100]:.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", default="100,1000")
+    parser.add_argument("--starts", type=int, default=200)
+    parser.add_argument("--guaranteed", type=int, default=10, metavar="N")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cprofile", type=Path, metavar="DIR")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.pods.split(",")]
+    asyncio.run(main(sizes, args.starts, args.guaranteed, args.reps, args.cprofile))
