@@ -1,0 +1,266 @@
+"""A real kubelet through crihook (``--hooks cpuset,numa,oom``, CPU 0 reserved): its pods run,
+static and through the API server; crihook places them; its scores stay; and kubelet,
+crihook and the runtime each restart under it without losing a pod or a pin.
+
+One kubelet for the module (registered with the session's API server, static pods too),
+kubelet's own CPU manager off (``none``): the set-up crihook is for. The node has 2 CPUs
+with CPU 0 reserved, so a Guaranteed 1-CPU container holds CPU 1 and the shared pool is CPU
+0 while it runs, both CPUs when it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.lab import cgroups
+from tests.lab.apiserver import ApiClient, ApiError, ApiServer
+from tests.lab.crictl import Crictl
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
+from tests.lab.kubelet_config import kubeconfig
+from tests.lab.kubelet_node import KubeletNode, NodePod, oom_score_adj_of, wait_until
+from tests.lab.runtime_lab import RuntimeLab
+from tests.node.conftest import NodeBinaries, start_crihook
+from tests.node.manifests import pod_manifest
+
+pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
+
+ALL_CPUS = "0-1"
+SHARED_WITH_GUARANTEED = "0"
+EXCLUSIVE = "1"
+QOS_ORDER = ("guaranteed", "burstable", "besteffort")
+
+
+@pytest.fixture(scope="module")
+def crihook(containerd: RuntimeLab) -> Iterator[CrihookProcess]:
+    proc = start_crihook(containerd)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def node(
+    containerd: RuntimeLab,
+    crihook: CrihookProcess,
+    node_binaries: NodeBinaries,
+    api_server: ApiServer,
+) -> Iterator[KubeletNode]:
+    kubelet = KubeletNode(
+        node_binaries.kubelet,
+        containerd.endpoint,
+        endpoint=crihook.endpoint,
+        kubeconfig=kubeconfig(api_server.server, api_server.token),
+    )
+    try:
+        kubelet.start()
+        api = api_server.client()
+        wait_until(lambda: _node_ready(api, kubelet.name), PATIENCE, "the node Ready")
+        yield kubelet
+    finally:
+        try:
+            kubelet.cleanup()
+        finally:
+            # The Node object goes with its kubelet (it may never have registered).
+            with contextlib.suppress(ApiError, OSError):
+                api_server.client().delete_node(kubelet.name)
+
+
+@pytest.fixture
+def api(api_server: ApiServer, node: KubeletNode) -> Iterator[ApiClient]:
+    """The API client; the pods a test created through it are deleted (and gone from the
+    runtime) at teardown, so the next test starts on an empty node."""
+    client = api_server.client()
+    before = _pod_names(client)
+    yield client
+    created = _pod_names(client) - before
+    for name in created:
+        client.delete_pod(name)
+    for name in created:  # gone from the API at once (no grace); from the runtime soon after
+        node.view.wait_gone(name, "default", PATIENCE)
+
+
+def _pod_names(client: ApiClient) -> set[str]:
+    items = client.request("GET", "/api/v1/namespaces/default/pods")["items"]
+    return {p["metadata"]["name"] for p in items if not _is_mirror(p)}
+
+
+def _is_mirror(pod: dict[str, Any]) -> bool:
+    return "kubernetes.io/config.mirror" in pod["metadata"].get("annotations", {})
+
+
+def _node_ready(api: ApiClient, name: str) -> bool:
+    try:
+        conditions = api.node(name)["status"].get("conditions", [])
+    except (ApiError, OSError):  # not registered yet
+        return False
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def cpuset(pod: NodePod) -> str:
+    return cgroups.cgroup_value(pod.containers["app"].cgroup, "cpuset.cpus")
+
+
+def oom_score(pod: NodePod) -> int:
+    return oom_score_adj_of(pod.containers["app"].pid)
+
+
+def run_api_pod(node: KubeletNode, api: ApiClient, name: str, qos: str) -> NodePod:
+    api.create_pod(pod_manifest(name, qos, node_name=node.name))
+    pod = node.wait_running(name)
+    wait_until(
+        lambda: api.pod(name)["status"].get("phase") == "Running", PATIENCE, f"{name} Running"
+    )
+    return pod
+
+
+def wait_cpuset(node: KubeletNode, name: str, cpus: str) -> None:
+    def holds() -> bool:
+        pod = node.view.pod(name, "default")
+        return pod is not None and cpuset(pod) == cpus
+
+    wait_until(holds, PATIENCE, f"{name}'s cpuset {cpus}")
+
+
+# --- pods run -------------------------------------------------------------------------------
+
+
+def test_static_pods_of_each_qos_class_run_through_crihook(node: KubeletNode) -> None:
+    names = {}
+    try:
+        for qos in ("guaranteed", "burstable", "besteffort"):
+            names[qos] = node.write_static_pod(pod_manifest(f"static-{qos}", qos))
+        pods = {qos: node.wait_running(name) for qos, name in names.items()}
+        assert cpuset(pods["guaranteed"]) == EXCLUSIVE
+        assert cpuset(pods["besteffort"]) == SHARED_WITH_GUARANTEED
+        assert cpuset(pods["burstable"]) == SHARED_WITH_GUARANTEED
+        assert oom_score(pods["besteffort"]) == 1000
+    finally:
+        for qos in names:
+            node.remove_static_pod(f"static-{qos}")
+        for name in names.values():
+            node.view.wait_gone(name, "default", PATIENCE)
+
+
+def test_api_pods_of_each_qos_class_run_through_crihook(node: KubeletNode, api: ApiClient) -> None:
+    pods = {qos: run_api_pod(node, api, f"api-{qos}", qos) for qos in QOS_ORDER}
+    assert cpuset(pods["guaranteed"]) == EXCLUSIVE
+    assert cpuset(pods["besteffort"]) == SHARED_WITH_GUARANTEED
+    # The container cgroup runs without a CFS quota, as kubelet's static policy leaves an
+    # exclusive container; the Burstable one keeps its limit (500m of a 100 ms period).
+    assert (
+        cgroups.cgroup_value(pods["guaranteed"].containers["app"].cgroup, "cpu.cfs_quota_us")
+        == "-1"
+    )
+    assert (
+        cgroups.cgroup_value(pods["burstable"].containers["app"].cgroup, "cpu.cfs_quota_us")
+        == "50000"
+    )
+
+
+# --- the shared pool --------------------------------------------------------------------------
+
+
+def test_shared_pool_narrows_when_a_guaranteed_pod_comes_and_widens_when_it_goes(
+    node: KubeletNode, api: ApiClient
+) -> None:
+    shared = run_api_pod(node, api, "pool-besteffort", "besteffort")
+    assert cpuset(shared) == ALL_CPUS
+    guaranteed = run_api_pod(node, api, "pool-guaranteed", "guaranteed")
+    assert cpuset(guaranteed) == EXCLUSIVE
+    wait_cpuset(node, "pool-besteffort", SHARED_WITH_GUARANTEED)
+    api.delete_pod("pool-guaranteed")
+    node.view.wait_gone("pool-guaranteed", "default", PATIENCE)
+    wait_cpuset(node, "pool-besteffort", ALL_CPUS)
+
+
+# --- OOM scores -----------------------------------------------------------------------------
+
+
+def test_oom_scores_stay_through_crictl_updates(
+    node: KubeletNode, api: ApiClient, crihook: CrihookProcess
+) -> None:
+    pods = {qos: run_api_pod(node, api, f"oom-{qos}", qos) for qos in QOS_ORDER}
+    before = {qos: oom_score(p) for qos, p in pods.items()}
+    assert before["besteffort"] == 1000
+    assert 2 <= before["burstable"] <= 999
+    crictl = Crictl(crihook.endpoint, short_tmpdir("kc-"))
+    for pod in pods.values():
+        crictl.ok("update", "--cpu-share", "4", pod.containers["app"].id)
+    assert {qos: oom_score(p) for qos, p in pods.items()} == before
+
+
+# --- restarts -------------------------------------------------------------------------------
+
+
+def _placement(node: KubeletNode, names: list[str]) -> dict[str, tuple[str, str, str, int]]:
+    """Per pod: sandbox id, container id, cpuset, OOM score."""
+    out = {}
+    for name in names:
+        pod = node.view.pod(name, "default")
+        assert pod is not None, f"{name} is not running"
+        out[name] = (pod.sandbox_id, pod.containers["app"].id, cpuset(pod), oom_score(pod))
+    return out
+
+
+def _held_cpus(crihook: CrihookProcess) -> list[str]:
+    """The exclusive CPUs crihook's cpuset hook holds, one entry per holder."""
+    state = crihook.hook_state("cpuset")
+    return sorted(
+        str(v.get("cpus"))
+        for k, v in state.items()
+        if k.startswith("c:") and isinstance(v, dict) and v.get("cpus") and not v.get("stopped")
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_crihook_restarts_under_a_running_kubelet(
+    node: KubeletNode, api: ApiClient, crihook: CrihookProcess, sig: signal.Signals
+) -> None:
+    names = ["rs-guaranteed", "rs-besteffort"]
+    run_api_pod(node, api, names[0], "guaranteed")
+    run_api_pod(node, api, names[1], "besteffort")
+    before = _placement(node, names)
+    assert _held_cpus(crihook) == [EXCLUSIVE]
+    crihook.signal(sig)
+    assert crihook.proc is not None
+    crihook.proc.wait(PATIENCE)
+    crihook.start()
+    # kubelet finds the runtime again by itself: a new pod runs, the old ones kept their ids.
+    run_api_pod(node, api, "rs-after", "besteffort")
+    assert _placement(node, names) == before
+    assert _held_cpus(crihook) == [EXCLUSIVE]
+
+
+def test_kubelet_restart_leaves_pins_and_scores(
+    node: KubeletNode, api: ApiClient, crihook: CrihookProcess
+) -> None:
+    names = ["kr-guaranteed", "kr-burstable", "kr-besteffort"]
+    for name, qos in zip(names, QOS_ORDER, strict=True):
+        run_api_pod(node, api, name, qos)
+    before = _placement(node, names)
+    node.restart()
+    run_api_pod(node, api, "kr-after", "besteffort")
+    assert _placement(node, names) == before
+    assert _held_cpus(crihook) == [EXCLUSIVE]
+
+
+def test_runtime_restart_brings_the_pods_back(
+    node: KubeletNode, api: ApiClient, containerd: RuntimeLab
+) -> None:
+    names = ["rr-guaranteed", "rr-besteffort"]
+    run_api_pod(node, api, names[0], "guaranteed")
+    run_api_pod(node, api, names[1], "besteffort")
+    before = _placement(node, names)
+    containerd.restart()
+    for name in names:
+        node.wait_running(name)
+    after = _placement(node, names)
+    assert {n: p[0] for n, p in after.items()} == {n: p[0] for n, p in before.items()}
+    assert after[names[0]][2] == EXCLUSIVE
+    assert after[names[1]][2] == SHARED_WITH_GUARANTEED
