@@ -22,6 +22,7 @@ so a test sees what the runtime applied, whoever asked.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 import signal
@@ -235,7 +236,8 @@ class KubeletNode:
     ) -> None:
         self.kubelet = kubelet
         self.dir = Path(tempfile.mkdtemp(prefix=NODE_DIR_PREFIX, dir="/tmp"))
-        self.name = self.dir.name.lower().replace("_", "-")
+        # A DNS label (the Node's name) unique per node dir; also the cgroup root's name.
+        self.name = "crihook-node-" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
         self.view = NodeView(runtime_endpoint)
         self.static_pod_dir = self.dir / "manifests"
         kubeconfig_path = None

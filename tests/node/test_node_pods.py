@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,13 @@ from tests.lab.apiserver import ApiClient, ApiError, ApiServer
 from tests.lab.crictl import Crictl
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
 from tests.lab.kubelet_config import kubeconfig
-from tests.lab.kubelet_node import KubeletNode, NodePod, oom_score_adj_of, wait_until
+from tests.lab.kubelet_node import (
+    COVERED_SYSCTLS,
+    KubeletNode,
+    NodePod,
+    oom_score_adj_of,
+    wait_until,
+)
 from tests.lab.runtime_lab import RuntimeLab
 from tests.node.conftest import NodeBinaries, start_crihook
 from tests.node.manifests import pod_manifest
@@ -125,6 +132,13 @@ def wait_cpuset(node: KubeletNode, name: str, cpus: str) -> None:
         return pod is not None and cpuset(pod) == cpus
 
     wait_until(holds, PATIENCE, f"{name}'s cpuset {cpus}")
+
+
+# --- the host -------------------------------------------------------------------------------
+
+# Read at collection, before any kubelet of the session started.
+HOST_SYSCTLS = {e: (Path("/proc/sys") / e).read_text() for e in COVERED_SYSCTLS}
+HOST_VAR_LOG = sorted(p.name for p in Path("/var/log").iterdir())
 
 
 # --- pods run -------------------------------------------------------------------------------
@@ -264,3 +278,77 @@ def test_runtime_restart_brings_the_pods_back(
     assert {n: p[0] for n, p in after.items()} == {n: p[0] for n, p in before.items()}
     assert after[names[0]][2] == EXCLUSIVE
     assert after[names[1]][2] == SHARED_WITH_GUARANTEED
+
+
+# --- in-place resize through the API --------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def _resize(api: ApiClient, name: str, resources: dict[str, dict[str, str]]) -> None:
+    patch = {"spec": {"containers": [{"name": "app", "resources": resources}]}}
+    api.resize_pod(name, patch)
+
+
+def _resize_condition(api: ApiClient, name: str) -> dict[str, Any] | None:
+    for condition in api.pod(name)["status"].get("conditions", []):
+        if condition["type"] in ("PodResizeInProgress", "PodResizePending"):
+            found: dict[str, Any] = condition
+            return found
+    return None
+
+
+def test_a_burstable_resize_through_the_api_is_applied_in_place(
+    node: KubeletNode, api: ApiClient
+) -> None:
+    pod = run_api_pod(node, api, "rz-burstable", "burstable")
+    app = pod.containers["app"]
+    _resize(
+        api,
+        "rz-burstable",
+        {"requests": {"cpu": "0", "memory": "32Mi"}, "limits": {"cpu": "800m", "memory": "96Mi"}},
+    )
+
+    def applied() -> bool:
+        limits = cgroups.read_limits(app.cgroup)
+        return limits.cpu_quota == 80000 and limits.memory_limit == 96 * MiB
+
+    wait_until(applied, PATIENCE, "the resize in rz-burstable's cgroup")
+    after = node.view.pod("rz-burstable", "default")
+    assert after is not None and after.containers["app"].id == app.id  # in place
+    assert oom_score_adj_of(app.pid) == oom_score(pod)
+
+
+def test_a_guaranteed_memory_resize_is_refused_with_crihooks_message(
+    node: KubeletNode, api: ApiClient
+) -> None:
+    """The numa hook placed the container's memory; without resize_exclusive_memory it
+    refuses to resize it, as kubelet's memory manager would: kubelet shows the refusal."""
+    pod = run_api_pod(node, api, "rz-guaranteed", "guaranteed")
+    app = pod.containers["app"]
+    _resize(
+        api,
+        "rz-guaranteed",
+        {"requests": {"cpu": "1", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "96Mi"}},
+    )
+    condition = wait_until(
+        lambda: (
+            (c := _resize_condition(api, "rz-guaranteed"))
+            and "resize_exclusive_memory" in c.get("message", "")
+            and c
+        ),
+        PATIENCE,
+        "kubelet's resize condition with crihook's message",
+    )
+    assert "numa" in condition["message"]
+    assert cgroups.read_limits(app.cgroup).memory_limit == 64 * MiB
+    assert cpuset(pod) == EXCLUSIVE
+
+
+# Last: by now kubelet has run pods (and linked their logs in its /var/log).
+def test_kubelet_changes_nothing_on_the_host(node: KubeletNode) -> None:
+    assert {e: (Path("/proc/sys") / e).read_text() for e in COVERED_SYSCTLS} == HOST_SYSCTLS
+    assert sorted(p.name for p in Path("/var/log").iterdir()) == HOST_VAR_LOG
+    # ...though it set what it sets, in its own mount namespace:
+    assert (node.dir / "sysctl/vm.overcommit_memory").read_text().strip() == "1"
+    assert (node.dir / "var-log/containers").is_dir()
