@@ -12,13 +12,14 @@ pods on its runtime that it does not know of.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from tests.lab import cgroups
-from tests.lab.crihook_proc import CrihookProcess
+from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
 from tests.lab.kubelet_node import KubeletNode, oom_score_adj_of
 from tests.lab.runtime_lab import RuntimeLab
 from tests.node.conftest import NodeBinaries, start_crihook
@@ -77,3 +78,28 @@ def test_crihook_places_as_kubelets_static_policy_does(
     assert reference["guaranteed"].cpuset == "1"
     assert reference["besteffort"].cpuset == "0"
     assert reference["besteffort"].oom_score_adj == 1000
+
+
+def test_koordinators_cpuset_reaches_the_container_through_a_real_kubelet(
+    containerd: RuntimeLab, node_binaries: NodeBinaries
+) -> None:
+    """koord-scheduler's pick, as an annotation on the pod, comes through kubelet's sandbox
+    config to ``--hooks koordinator``: an LSR pod runs on the CPU it names. CPU 0 is one
+    kubelet's static policy (and crihook's cpuset hook) would never give it: it is reserved."""
+    koordinator = CrihookProcess(
+        containerd.endpoint, workdir=short_tmpdir("ko-"), config="", hooks="koordinator"
+    )
+    with (
+        koordinator,
+        KubeletNode(
+            node_binaries.kubelet, containerd.endpoint, endpoint=koordinator.endpoint
+        ) as node,
+    ):
+        manifest = pod_manifest(
+            "koord-lsr",
+            "guaranteed",
+            labels={"koordinator.sh/qosClass": "LSR"},
+            annotations={"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0"})},
+        )
+        app = node.wait_running(node.write_static_pod(manifest)).containers["app"]
+        assert cgroups.cgroup_value(app.cgroup, "cpuset.cpus") == "0"
