@@ -104,7 +104,6 @@ def command_line(kubelet: Path, s: KubeletSettings, config_file: Path) -> list[s
         f"--root-dir={s.root_dir}",
         f"--cert-dir={s.root_dir / 'pki'}",
         f"--hostname-override={s.node_name}",
-        "--node-ip=127.0.0.1",
         "--v=2",
     ]
     if s.kubeconfig is not None:
