@@ -204,9 +204,15 @@ def test_oom_scores_stay_through_crictl_updates(
     assert before["besteffort"] == 1000
     assert 2 <= before["burstable"] <= 999
     crictl = Crictl(crihook.endpoint, short_tmpdir("kc-"))
-    for pod in pods.values():
-        crictl.ok("update", "--cpu-share", "4", pod.containers["app"].id)
+    # An update with only the shares: every other number reads 0 ("unset") on the wire.
+    for qos in ("burstable", "besteffort"):
+        crictl.ok("update", "--cpu-share", "4", pods[qos].containers["app"].id)
+    # The Guaranteed container holds CPU 1: crihook refuses to shrink it (to 4m), as
+    # kubelet's static policy refuses such a resize, and changes nothing.
+    refused = crictl.run("update", "--cpu-share", "4", pods["guaranteed"].containers["app"].id)
+    assert refused.code != 0 and "holds 1 exclusive CPUs" in refused.stderr
     assert {qos: oom_score(p) for qos, p in pods.items()} == before
+    assert cpuset(pods["guaranteed"]) == EXCLUSIVE
 
 
 # --- restarts -------------------------------------------------------------------------------
