@@ -65,8 +65,10 @@ def api_server(node_binaries: NodeBinaries) -> Iterator[ApiServer]:
         server.cleanup()
 
 
-def start_crihook(runtime: RuntimeLab, config: str = CRIHOOK_CONFIG) -> CrihookProcess:
+def start_crihook(
+    runtime: RuntimeLab, config: str = CRIHOOK_CONFIG, hooks: str = HOOKS
+) -> CrihookProcess:
     """crihook with the resource hooks in front of ``runtime`` (killed by the caller, or at
     the end of the scope that started it)."""
-    proc = CrihookProcess(runtime.endpoint, workdir=short_tmpdir("kn-"), config=config, hooks=HOOKS)
+    proc = CrihookProcess(runtime.endpoint, workdir=short_tmpdir("kn-"), config=config, hooks=hooks)
     return proc.start()

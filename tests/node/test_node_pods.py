@@ -1,4 +1,5 @@
-"""A real kubelet through crihook (``--hooks cpuset,numa,oom``, CPU 0 reserved): its pods run,
+"""A real kubelet through crihook (``--hooks cpuset,numa,oom`` and ``devices``, CPU 0
+reserved): its pods run,
 static and through the API server; crihook places them; its scores stay; and kubelet,
 crihook and the runtime each restart under it without losing a pod or a pin.
 
@@ -11,7 +12,10 @@ with CPU 0 reserved, so a Guaranteed 1-CPU container holds CPU 1 and the shared 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from tests.lab.kubelet_node import (
     wait_until,
 )
 from tests.lab.runtime_lab import RuntimeLab
-from tests.node.conftest import NodeBinaries, start_crihook
+from tests.node.conftest import CRIHOOK_CONFIG, HOOKS, NodeBinaries, start_crihook
 from tests.node.manifests import pod_manifest
 
 pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
@@ -43,8 +47,19 @@ QOS_ORDER = ("guaranteed", "burstable", "besteffort")
 
 
 @pytest.fixture(scope="module")
-def crihook(containerd: RuntimeLab) -> Iterator[CrihookProcess]:
-    proc = start_crihook(containerd)
+def host_devices() -> Path:
+    """Device nodes for the devices hook: ``ok-null`` (c 1:3) on its allowlist, ``secret``
+    (c 1:3 too) not."""
+    dev = short_tmpdir("kd-")
+    for name in ("ok-null", "secret"):
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return dev
+
+
+@pytest.fixture(scope="module")
+def crihook(containerd: RuntimeLab, host_devices: Path) -> Iterator[CrihookProcess]:
+    devices = f'[hooks.devices]\nnamespaces = ["default"]\ndevices = ["{host_devices}/ok-*"]\n'
+    proc = start_crihook(containerd, CRIHOOK_CONFIG + devices, f"{HOOKS},devices")
     try:
         yield proc
     finally:
@@ -349,6 +364,50 @@ def test_a_guaranteed_memory_resize_is_refused_with_crihooks_message(
     assert "numa" in condition["message"]
     assert cgroups.read_limits(app.cgroup).memory_limit == 64 * MiB
     assert cpuset(pod) == EXCLUSIVE
+
+
+# --- devices through the API ----------------------------------------------------------------
+
+
+def _device_annotation(path: Path) -> dict[str, str]:
+    ask = [{"path": str(path), "container_path": "/dev/crihook-null"}]
+    return {"devices.crihook.io/container.app": json.dumps(ask)}
+
+
+def _waiting(api: ApiClient, name: str) -> dict[str, Any] | None:
+    for status in api.pod(name)["status"].get("containerStatuses", []):
+        waiting: dict[str, Any] | None = status.get("state", {}).get("waiting")
+        if waiting and waiting.get("message"):
+            return waiting
+    return None
+
+
+def test_an_allowlisted_device_reaches_the_container_and_a_refused_one_shows_in_its_status(
+    node: KubeletNode, api: ApiClient, containerd: RuntimeLab, host_devices: Path
+) -> None:
+    manifest = pod_manifest(
+        "dev-ok",
+        "besteffort",
+        node_name=node.name,
+        annotations=_device_annotation(host_devices / "ok-null"),
+    )
+    api.create_pod(manifest)
+    app = node.wait_running("dev-ok").containers["app"]
+    crictl = Crictl(containerd.endpoint, short_tmpdir("kc-"))
+    inside = crictl.ok("exec", app.id, "stat", "-c", "%F %t:%T", "/dev/crihook-null").stdout
+    assert inside.strip() == "character special file 1:3"
+
+    refused = pod_manifest(
+        "dev-refused",
+        "besteffort",
+        node_name=node.name,
+        annotations=_device_annotation(host_devices / "secret"),
+    )
+    api.create_pod(refused)
+    waiting = wait_until(lambda: _waiting(api, "dev-refused"), PATIENCE, "dev-refused waiting")
+    assert waiting["reason"] == "CreateContainerError"
+    assert "devices.crihook.io/container.app [0]" in waiting["message"]
+    assert f"{host_devices}/secret is not allowed" in waiting["message"]
 
 
 # Last: by now kubelet has run pods (and linked their logs in its /var/log).
