@@ -22,7 +22,7 @@ from tests.lab import cgroups
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
 from tests.lab.kubelet_node import KubeletNode, oom_score_adj_of
 from tests.lab.runtime_lab import RuntimeLab
-from tests.node.conftest import NodeBinaries, start_crihook
+from tests.node.conftest import CRIHOOK_CONFIG, NodeBinaries, start_crihook
 from tests.node.manifests import pod_manifest
 
 pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
@@ -103,3 +103,26 @@ def test_koordinators_cpuset_reaches_the_container_through_a_real_kubelet(
         )
         app = node.wait_running(node.write_static_pod(manifest)).containers["app"]
         assert cgroups.cgroup_value(app.cgroup, "cpuset.cpus") == "0"
+
+
+def test_a_pod_with_pod_level_resources_gets_crihooks_pod_scope_placement(
+    containerd: RuntimeLab, node_binaries: NodeBinaries
+) -> None:
+    """kubelet's PodLevelResources (beta, on by default): a Guaranteed pod whose budget is
+    set for the pod (1 CPU), not per container. With ``topology_scope = "pod"`` crihook
+    gives the pod a bubble of one CPU at RunPodSandbox, and its container, which asks for half
+    a CPU, runs on that bubble, not on the shared pool as it would on its own."""
+    config = CRIHOOK_CONFIG + '[node]\ntopology_scope = "pod"\n'
+    proc = start_crihook(containerd, config)
+    with (
+        proc,
+        KubeletNode(node_binaries.kubelet, containerd.endpoint, endpoint=proc.endpoint) as node,
+    ):
+        manifest = pod_manifest("pod-level", "besteffort")
+        budget = {"cpu": "1", "memory": "64Mi"}
+        manifest["spec"]["resources"] = {"requests": budget, "limits": budget}
+        # Half a CPU of the budget: on its own (container scope) it would share the pool.
+        half = {"cpu": "500m", "memory": "32Mi"}
+        manifest["spec"]["containers"][0]["resources"] = {"requests": half, "limits": half}
+        app = node.wait_running(node.write_static_pod(manifest)).containers["app"]
+        assert cgroups.cgroup_value(app.cgroup, "cpuset.cpus") == "1"
