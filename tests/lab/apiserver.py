@@ -108,6 +108,16 @@ class ApiClient:
     def node(self, name: str) -> dict[str, Any]:
         return self.request("GET", f"/api/v1/nodes/{name}")
 
+    def node_ready(self, name: str) -> bool:
+        """The Node is registered and its Ready condition is True."""
+        try:
+            conditions = self.node(name)["status"].get("conditions", [])
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
     def delete_node(self, name: str) -> None:
         self.request("DELETE", f"/api/v1/nodes/{name}")
 

@@ -82,7 +82,7 @@ def node(
     try:
         kubelet.start()
         api = api_server.client()
-        wait_until(lambda: _node_ready(api, kubelet.name), PATIENCE, "the node Ready")
+        wait_until(lambda: api.node_ready(kubelet.name), PATIENCE, "the node Ready")
         yield kubelet
     finally:
         try:
@@ -114,14 +114,6 @@ def _pod_names(client: ApiClient) -> set[str]:
 
 def _is_mirror(pod: dict[str, Any]) -> bool:
     return "kubernetes.io/config.mirror" in pod["metadata"].get("annotations", {})
-
-
-def _node_ready(api: ApiClient, name: str) -> bool:
-    try:
-        conditions = api.node(name)["status"].get("conditions", [])
-    except (ApiError, OSError):  # not registered yet
-        return False
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def cpuset(pod: NodePod) -> str:
