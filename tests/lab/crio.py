@@ -28,8 +28,9 @@ capability. containerd has ``restrict_oom_score_adj`` for the first and takes "a
 capabilities" from the current bounding set; CRI-O has no such setting, gives every infra
 container -998 and a privileged container every capability it knows, so without help those
 pods fail. The lab's OCI runtime is then a front (:data:`SPEC_FRONT`) that raises a spec's
-oomScoreAdj to the lowest value allowed and drops capabilities the host cannot grant, before
-runc creates the container, as containerd does. CRI-O still reports what it asked for (its
+oomScoreAdj to the lowest value allowed, drops capabilities the host cannot grant and hugepage
+limits where no hugetlb cgroup is mounted (a real kubelet sends them), before runc creates
+the container, as containerd does. CRI-O still reports what it asked for (its
 verbose status shows its own spec): docs/test-bed.md lists this among the differences.
 """
 
@@ -74,8 +75,10 @@ SPEC_FRONT = """\
 # The lab's OCI runtime front (tests/lab/crio.py): before the real runtime creates a
 # container, the bundle's spec gets what this VM allows: process.oomScoreAdj raised to this
 # process's own score (nothing here may lower one), and capabilities outside the host's
-# bounding set dropped (runc cannot grant them). containerd does both itself
-# (restrict_oom_score_adj; "all capabilities" are the current bounding set). Only `create`
+# bounding set dropped (runc cannot grant them), and hugepage limits dropped where no hugetlb
+# cgroup is mounted (runc cannot set them: kubelet sends one per page size, 0 by default).
+# containerd does all three itself (restrict_oom_score_adj; "all capabilities" are the
+# current bounding set; disable_hugetlb_controller). Only `create`
 # and `run` come here, and `exec` (its process file: capabilities only); every other command
 # goes straight to the runtime.
 import json, os, sys
@@ -119,6 +122,17 @@ for kind, caps in (process.get("capabilities") or {}).items():
     kept = [c for c in caps if c in allowed]
     if kept != caps:
         process["capabilities"][kind] = kept
+        changed = True
+resources = (spec.get("linux") or {}).get("resources") or {}
+if resources.get("hugepageLimits") and not process_file:
+    unified = "/sys/fs/cgroup/cgroup.controllers"
+    if os.path.exists(unified):
+        with open(unified) as f:
+            hugetlb = "hugetlb" in f.read().split()
+    else:
+        hugetlb = os.path.isdir("/sys/fs/cgroup/hugetlb")
+    if not hugetlb:
+        del resources["hugepageLimits"]
         changed = True
 if changed:
     with open(path + ".lab", "w") as f:

