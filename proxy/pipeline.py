@@ -336,10 +336,16 @@ class Pipeline:
             forwarded = request.SerializeToString() if changed else raw
             outcome.forwarded = forwarded
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            starting = (
+                self.updater.starting(request.container_id)  # type: ignore[attr-defined]
+                if event is Event.START_CONTAINER
+                else contextlib.nullcontext()
+            )
             try:
-                response_raw = await self._forward[event](
-                    forwarded, timeout=timeout, metadata=outcome.metadata
-                )
+                with starting:
+                    response_raw = await self._forward[event](
+                        forwarded, timeout=timeout, metadata=outcome.metadata
+                    )
             except RuntimeCallFailed as err:
                 code = err.status.code  # logged with the call (proxy.call_log)
                 if code in _UNKNOWN_OUTCOME:

@@ -34,7 +34,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -145,8 +145,35 @@ class ContainerUpdater:
         self._removed: dict[str, None] = {}
         """Ids of containers removed lately (oldest first, at most REMEMBER_REMOVED): an update
         still on its way to one is answered NOT_FOUND, and that is no failure."""
+        self._starting: dict[str, asyncio.Event] = {}
+        """Containers the runtime is starting now: their updates wait (`starting`)."""
         self.failures = 0
         self.window = Histogram(WINDOW_BUCKETS)
+
+    @contextlib.contextmanager
+    def starting(self, container_id: str) -> Iterator[None]:
+        """While the runtime starts `container_id`, updates to it wait. An update that lands
+        while containerd or CRI-O makes the container's task changes the stored spec only:
+        the started process keeps the old cpuset, and the status reports the new one, so no
+        reconcile sees it (found through a real kubelet). Sent after the start answered, it
+        reaches the process."""
+        done = asyncio.Event()
+        self._starting[container_id] = done
+        try:
+            yield
+        finally:
+            if self._starting.get(container_id) is done:
+                del self._starting[container_id]
+            done.set()
+
+    async def _start_answered(self, container_id: str) -> None:
+        """Until the runtime answered a start of `container_id` in flight (at most as long as
+        an update may take)."""
+        started = self._starting.get(container_id)
+        if started is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(UPDATE_TIMEOUT_SECONDS):
+                    await started.wait()
 
     # --- issuing ---------------------------------------------------------------------------
     def issue(
@@ -304,6 +331,7 @@ class ContainerUpdater:
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(left):
                                 await idle.wait()
+                await self._start_answered(target.container_id)  # still queued meanwhile
                 target.queued = False
                 if not target.gone:
                     await self._attempt(target)

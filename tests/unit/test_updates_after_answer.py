@@ -38,12 +38,16 @@ PATIENCE = 30.0
 
 
 class Runtime:
-    """Answers the lifecycle calls; holds UpdateContainerResources while `gate` is clear and
-    fails the next `fail` of them with UNAVAILABLE. Keeps every call it got, in order."""
+    """Answers the lifecycle calls; holds UpdateContainerResources while `gate` is clear (and
+    StartContainer while `start_gate` is) and fails the next `fail` updates with UNAVAILABLE.
+    Keeps every call it got, in order."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.gate.set()
+        self.start_gate = asyncio.Event()
+        self.start_gate.set()
+        self.updates_when_started: list[int] = []  # how many updates had come, per start
         self.fail = 0
         self.calls: list[tuple[str, Any]] = []
         self.answered = asyncio.Event()
@@ -63,6 +67,9 @@ class Runtime:
                 self.answered.set()
                 return b""
             self.calls.append((method, None))
+            if method == "StartContainer":
+                await self.start_gate.wait()
+                self.updates_when_started.append(len(self.updates()))
             if method == "CreateContainer":
                 cid = f"new-{next(self._ids)}"
                 return api_pb2.CreateContainerResponse(container_id=cid).SerializeToString()
@@ -318,3 +325,29 @@ async def test_a_call_waiting_for_an_update_in_backoff_has_it_sent_at_once(
     assert runtime.updates() == [(SHARED, "1"), (SHARED, "2")]
     assert [m for m, _ in runtime.calls][-1] == "StopContainer"
     assert cpuset(store) == "2"
+
+
+async def test_an_update_waits_for_the_start_of_its_container_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update that lands while the runtime makes the container's task reaches the stored
+    spec only (a real kubelet's pod kept the old cpuset): it goes out once the start
+    answered."""
+    monkeypatch.setattr(updates_module, "CALLS_FIRST_SECONDS", 0.0)  # no turn for calls
+    pipeline, runtime, store = node(tmp_path)
+    runtime.start_gate.clear()
+    start = asyncio.create_task(
+        pipeline.handle(Event.START_CONTAINER, on_shared(Event.START_CONTAINER))
+    )
+    await until(lambda: ("StartContainer", None) in runtime.calls, "the start on its way")
+    await pipeline.handle(Event.CREATE_CONTAINER, create(1))  # another pod: not held
+    for _ in range(200):  # without the wait the update goes out within a few turns
+        await asyncio.sleep(0)
+    assert runtime.updates() == []
+    assert pipeline.updater.pending(SHARED)
+    runtime.start_gate.set()
+    await start
+    await settled(pipeline)
+    assert runtime.updates_when_started == [0]
+    assert runtime.updates() == [(SHARED, "1")]
+    assert cpuset(store) == "1"
