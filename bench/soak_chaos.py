@@ -445,8 +445,8 @@ def _leak_round(
     """With no pod left: a dump, a round of pods with containerd and the plugin restarted
     under the same crihook, every pod removed, and a dump again."""
     _remove_everything(kubelet, direct)
-    time.sleep(1.5)  # status.json and confirmations written; idle connections settle
-    before = node.crihook.dump()
+    time.sleep(1.5)  # status.json written; idle connections settle
+    before = node.crihook.settled_dump()
     for victim in ("plugin", "containerd", None):
         if victim is not None:
             node.kill(victim)
@@ -460,7 +460,7 @@ def _leak_round(
             _retry(lambda pod=pod: kubelet.start(pod))
             _retry(lambda pod=pod: kubelet.remove(pod))
     time.sleep(1.5)
-    after = node.crihook.dump()
+    after = node.crihook.settled_dump()
     problems = leaks_between(before, after)
     leftovers = [f for f in node.crihook.state_dir.rglob("*") if f.name.endswith((".tmp", "~"))]
     if leftovers:

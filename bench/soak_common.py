@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from crihook.proxy.state_cli import load_state
+from crihook.proxy.state_dir import LOCK_FILE
 from tests.lab.crihook_proc import CrihookProcess, wait_for
 
 __all__ = [
@@ -115,6 +117,25 @@ class ProbedCrihook(CrihookProcess):
         doc: dict[str, Any] = json.loads(self.dump_path.read_text())
         return doc
 
+    def settled_dump(self, seconds: float = 120) -> dict[str, Any]:
+        """`dump()` once crihook is idle: no store write on its way and no state file open
+        but its lock (a journal is closed once compacted, 2 s after its last line). A dump
+        taken in the middle of a write would show the write as a leak; on a loaded machine
+        the write takes longer, not forever."""
+        state_dir = str(self.state_dir) + "/"
+        lock = state_dir + LOCK_FILE
+        dumps: list[dict[str, Any]] = []
+
+        def idle() -> bool:
+            doc = self.dump()
+            dumps.append(doc)
+            writing = any(t["coro"].startswith("Store.") for t in doc["tasks"])
+            files = [f for f in doc["fds"].values() if f.startswith(state_dir) and f != lock]
+            return not (writing or files)
+
+        wait_for(idle, seconds, "crihook idle: no store write on its way, no state file open")
+        return dumps[-1]
+
     def state(self) -> dict[str, Any]:
         """`crihook state --json`, as an operator runs it."""
         import subprocess
@@ -138,11 +159,9 @@ class ProbedCrihook(CrihookProcess):
         return doc
 
     def hook_state(self, name: str) -> dict[str, Any]:
-        path = self.state_dir / "hooks" / f"{name}.json"
-        try:
-            doc: dict[str, Any] = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
+        """A hook's state as `crihook state` reads it: its file with the journal's newer
+        lines applied (the file alone lags until the next compaction)."""
+        doc: dict[str, Any] = load_state(self.state_dir)["hook_states"].get(name) or {}
         return doc
 
 

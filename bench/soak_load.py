@@ -388,8 +388,8 @@ def run_endurance(
         for label, upto in (("warm-up", warmup), ("half-way", half), ("end", cycles)):
             _run_cycles(crihook.endpoint, upto, result.calls, workers, counter)
             counter = itertools.count(upto)
-            time.sleep(1.5)  # the status writer's second, and confirmations written
-            result.dumps[label] = crihook.dump()
+            time.sleep(1.5)  # the status writer's second
+            result.dumps[label] = crihook.settled_dump()
             progress(
                 f"endurance: {label}, {result.calls.total} calls, RSS "
                 f"{result.dumps[label]['rss'] / MiB:.1f} MiB"
