@@ -494,12 +494,12 @@ class ContainerUpdater:
             return
         self.failures += 1
         log.error(
-            "update of container %s (%s) for hook %s failed: %s: %s%s",
+            "update of container %s for hook %s failed: %s: %s (container %s)%s",
             container_id[:12],
-            _name(record.view if record else None),
             ", ".join(hooks),
             status.code.name,
             status.details,
+            _name(record.view if record else None),
             "" if retry_in is None else f"; sent again in {retry_in:g}s",
             extra=dict(extra),
         )
