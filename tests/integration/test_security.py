@@ -248,14 +248,19 @@ def test_a_hostile_plugin_makes_crihook_write_nothing_outside_its_state_dir(
                 pod_sandbox_id=sid, config=config, sandbox_config=sandbox
             )
             create(request.SerializeToString(), timeout=60)
-        # The plugin was heard: its labels reached the runtime, its updates were sent.
+        # The plugin was heard: its labels reached the runtime, its updates were sent (after
+        # the call's answer).
         (created,) = runtime.containers.values()
         assert created.config.labels[".."] == ".."
-        updated = {
-            api_pb2.UpdateContainerResourcesRequest.FromString(r.request).container_id
-            for r in runtime.calls("UpdateContainerResources")
-        }
-        assert {"..", "a/../../b", f"../../{target}"} <= updated
+
+        def updated() -> set[str]:
+            return {
+                api_pb2.UpdateContainerResourcesRequest.FromString(r.request).container_id
+                for r in runtime.calls("UpdateContainerResources")
+            }
+
+        wanted = {"..", "a/../../b", f"../../{target}"}
+        wait_for(lambda: wanted <= updated(), PATIENCE, "the hostile plugin's updates sent")
         wait_for(lambda: "50-hostile" in proc.log(), PATIENCE, "the plugin in the chain")
         proc.stop()
         assert _files(outside) == set(), "crihook wrote outside its state directory"
