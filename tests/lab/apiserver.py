@@ -229,7 +229,9 @@ class ApiServer:
                 if proc.poll() is not None:
                     raise LabError(f"{name} exited {proc.returncode} at start\n{self.log(name)}")
             try:
-                client.request("GET", "/api/v1/namespaces/default", timeout=5)
+                # each try may take what is left: on a loaded machine an answer can take seconds
+                left = max(deadline - time.monotonic(), 1.0)
+                client.request("GET", "/api/v1/namespaces/default", timeout=left)
                 return
             except (ApiError, OSError):
                 pass

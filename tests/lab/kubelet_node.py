@@ -401,9 +401,10 @@ class KubeletNode:
                 code = self._proc.returncode
                 self._close_log()
                 raise LabError(f"kubelet exited {code} at start\n{self.log()}")
+            left = max(deadline - time.monotonic(), 1.0)  # a slow answer on a loaded machine
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(url, timeout=5) as resp,
+                urllib.request.urlopen(url, timeout=left) as resp,
             ):
                 if resp.read().strip() == b"ok":
                     return
