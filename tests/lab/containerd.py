@@ -24,9 +24,12 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import grpc
 
 from tests.lab import host
 from tests.lab.containerd_config import HOST_DROP_INS, LabConfig, config_toml, hosts_files
@@ -167,9 +170,37 @@ class Containerd(RuntimeLab):
     def import_images(self) -> None:
         for image in self.images.all():
             self._ctr("images", "import", "--snapshotter", self.snapshotter, str(image.path))
+        self._await_cri_images([image.ref for image in self.images.all()])
 
     def tag_image(self, source: str, ref: str) -> None:
         self._ctr("images", "tag", "--force", source, ref)
+        self._await_cri_images([ref])
+
+    def _await_cri_images(self, refs: Sequence[str], timeout: float = 30.0) -> None:
+        """Wait until CRI knows ``refs``: its image cache follows ctr's changes through
+        containerd's events, after ``ctr`` has returned (seen on 2.x under load)."""
+        from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        missing = list(refs)
+        with grpc.insecure_channel(self.endpoint) as channel:
+            images = api_pb2_grpc.ImageServiceStub(channel)
+            while True:
+                missing = [
+                    ref
+                    for ref in missing
+                    if not images.ImageStatus(
+                        api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=ref)),
+                        timeout=max(1.0, deadline - time.monotonic()),
+                    ).image.id
+                ]
+                if not missing:
+                    return
+                if time.monotonic() >= deadline:
+                    raise LabError(
+                        f"containerd's CRI does not know {missing} {timeout:.0f} s after ctr made them"
+                    )
+                time.sleep(0.05)
 
     def _monitors(self) -> dict[int, str]:
         # runc v2 groups a pod under its sandbox id: the shim's id is the sandbox's.
