@@ -121,6 +121,14 @@ KNOWN_FLAKES: tuple[KnownFlake, ...] = (
         "'The stdout of exec should contain hello' (seen directly in 1 of 4 runs)",
         ("crio",),
     ),
+    KnownFlake(
+        r"should return the same image identifier across all APIs",
+        "critest 1.37's spec removes its container without stopping it, trusting the image's "
+        "`sh` to have exited by then; under load containerd still has it running: 'container "
+        "is still running, to stop first' (seen directly in 1 of 15 runs at load 6; 1.6 "
+        "skips the spec before its clean-up decides the outcome)",
+        ("2",),
+    ),
 )
 
 

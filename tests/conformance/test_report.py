@@ -291,6 +291,19 @@ def test_a_known_flake_failing_directly_is_explained() -> None:
     assert failure.reason == ""
 
 
+def test_critests_image_identifier_spec_is_a_known_flake_on_containerd_2_only() -> None:
+    """Its clean-up removes a container it never stopped: a race with the image's `sh`."""
+    spec = SpecResult(
+        "[k8s.io] Image Identifier Consistency should return the same image identifier "
+        "across all APIs [Conformance]",
+        "failed",
+    )
+    (failure,) = explain_lab_failures([spec], "2")
+    assert "still running, to stop first" in failure.reason
+    (failure,) = explain_lab_failures([spec], "1.6")
+    assert failure.reason == ""
+
+
 def test_a_direct_failure_that_agreed_on_the_rerun_is_explained_as_flaky() -> None:
     spec = SpecResult("[k8s.io] Runtime info runtime should return runtime conditions", "failed")
     (failure,) = explain_lab_failures([spec], "crio", {spec.name})
