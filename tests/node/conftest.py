@@ -216,10 +216,13 @@ def resize_condition(api: ApiClient, name: str) -> dict[str, Any] | None:
 
 
 def wait_resize_refused(api: ApiClient, name: str, words: str) -> dict[str, Any]:
-    """Until kubelet's resize condition of the pod carries ``words`` (crihook's refusal)."""
+    """Until kubelet's resize condition of the pod carries ``words`` (crihook's refusal):
+    ``PodResizeInProgress``, reason ``Error``, the message the runtime's gRPC status."""
     found: dict[str, Any] = wait_until(
         lambda: (c := resize_condition(api, name)) and words in c.get("message", "") and c,
         PATIENCE,
         f"kubelet's resize condition of {name} saying {words!r}",
     )
+    # kubelet's word for a runtime that failed the resize (it retries it)
+    assert (found["type"], found.get("reason")) == ("PodResizeInProgress", "Error"), found
     return found

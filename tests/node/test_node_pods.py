@@ -274,11 +274,12 @@ def test_a_burstable_resize_through_the_api_is_applied_in_place(
 @pytest.mark.parametrize(
     ("size", "refusal"),
     [
-        # The cpuset hook (resize_exclusive_cpus off): 1 CPU to half of one. (Growing to 2
-        # CPUs is kubelet's own refusal here: CPU 0 is reserved, 1 CPU is allocatable.)
+        # The cpuset hook (resize_exclusive_cpus off): 1 CPU to half of one, refused at the
+        # pod's UpdatePodSandboxResources, before kubelet writes the pod's cgroup. (Growing
+        # to 2 CPUs is kubelet's own refusal here: CPU 0 is reserved, 1 CPU allocatable.)
         pytest.param(
             sized("500m", "64Mi"),
-            "to 500m CPU is infeasible: it holds 1 exclusive CPUs",
+            "to 500m CPU is infeasible: its containers hold 1 exclusive CPUs",
             id="cpu",
         ),
         # The numa hook (resize_exclusive_memory off).
@@ -299,15 +300,18 @@ def test_a_guaranteed_resize_is_refused_with_crihooks_message_and_leaves_nothing
     """kubelet (CPU and memory managers off) resizes in place; crihook refuses as kubelet's
     static policies would with their gates off, and kubelet shows the refusal in the pod's
     resize condition. The refused call changed nothing crihook controls: the container's
-    cgroup (cpuset, quota, shares, memory limit), the CPU it holds, the memory placed."""
+    cgroup (cpuset, quota, shares, memory limit), the pod cgroup's CFS quota (crihook lifted
+    it), the CPU it holds, the memory placed."""
     pod = run_api_pod(node, api, "rz-guaranteed", "guaranteed")
     app = pod.containers["app"]
     limits = cgroups.read_limits(app.cgroup)
+    pod_quota = cgroups.cgroup_value(pod.cgroup_parent, "cpu.cfs_quota_us")  # crihook lifted it
     placed = placed_memory(crihook, pod.sandbox_id)
     assert placed == [64 * MiB]
     resize(api, "rz-guaranteed", size)
     wait_resize_refused(api, "rz-guaranteed", refusal)
     assert cgroups.read_limits(app.cgroup) == limits
+    assert cgroups.cgroup_value(pod.cgroup_parent, "cpu.cfs_quota_us") == pod_quota
     assert cpuset(pod) == EXCLUSIVE
     assert held_cpus(crihook) == [EXCLUSIVE]
     assert placed_memory(crihook, pod.sandbox_id) == placed
