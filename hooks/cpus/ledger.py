@@ -393,7 +393,7 @@ class CpuLedger(Hook):
         containers' would be, before kubelet writes the pod's cgroup (undoing the CFS quota
         crihook lifted for them) and then finds its containers' resize refused."""
         request = ctx.peek_request()
-        if not request.HasField("resources"):  # type: ignore[attr-defined]
+        if not request.HasField("resources"):
             return None
         resources = request.resources  # type: ignore[attr-defined]
         bubble = self.pool.bubble_of(ctx.pod.id)
