@@ -198,7 +198,8 @@ class Containerd(RuntimeLab):
                     return
                 if time.monotonic() >= deadline:
                     raise LabError(
-                        f"containerd's CRI does not know {missing} {timeout:.0f} s after ctr made them"
+                        f"containerd's CRI does not know {missing} {timeout:.0f} s after ctr "
+                        "made them"
                     )
                 time.sleep(0.05)
 
