@@ -70,20 +70,26 @@ def api_server(node_binaries: NodeBinaries) -> Iterator[ApiServer]:
         server.cleanup()
 
 
-@contextlib.contextmanager
-def registered_node(
-    binaries: NodeBinaries,
-    runtime: RuntimeLab,
-    proc: CrihookProcess,
+@pytest.fixture(scope="module")
+def reserved_cpus() -> str:
+    """kubelet's ``reservedSystemCPUs`` on the module's ``node`` (a module overrides it)."""
+    return "0"
+
+
+@pytest.fixture(scope="module")
+def node(
+    containerd: RuntimeLab,
+    crihook: CrihookProcess,
+    node_binaries: NodeBinaries,
     api_server: ApiServer,
-    reserved_cpus: str = "0",
+    reserved_cpus: str,
 ) -> Iterator[KubeletNode]:
-    """A kubelet through ``proc``, registered with the API server and Ready; cleaned up,
-    its Node object deleted, at the end."""
+    """One kubelet for the module, through the module's ``crihook`` fixture, registered
+    with the API server and Ready; cleaned up, its Node object deleted, at the end."""
     kubelet = KubeletNode(
-        binaries.kubelet,
-        runtime.endpoint,
-        endpoint=proc.endpoint,
+        node_binaries.kubelet,
+        containerd.endpoint,
+        endpoint=crihook.endpoint,
         reserved_cpus=reserved_cpus,
         kubeconfig=kubeconfig(api_server.server, api_server.token),
     )

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.lab import cgroups
-from tests.lab.apiserver import ApiClient, ApiServer
+from tests.lab.apiserver import ApiClient
 from tests.lab.crictl import Crictl
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
 from tests.lab.kubelet_node import (
@@ -36,11 +36,9 @@ from tests.lab.runtime_lab import RuntimeLab
 from tests.node.conftest import (
     CRIHOOK_CONFIG,
     HOOKS,
-    NodeBinaries,
     cpuset,
     held_cpus,
     placed_memory,
-    registered_node,
     resize,
     sized,
     start_crihook,
@@ -75,17 +73,6 @@ def crihook(containerd: RuntimeLab, host_devices: Path) -> Iterator[CrihookProce
         yield proc
     finally:
         proc.kill()
-
-
-@pytest.fixture(scope="module")
-def node(
-    containerd: RuntimeLab,
-    crihook: CrihookProcess,
-    node_binaries: NodeBinaries,
-    api_server: ApiServer,
-) -> Iterator[KubeletNode]:
-    with registered_node(node_binaries, containerd, crihook, api_server) as kubelet:
-        yield kubelet
 
 
 def oom_score(pod: NodePod) -> int:

@@ -27,15 +27,13 @@ import pytest
 
 from crihook.hooks.node.sysfs import read_topology
 from tests.lab import cgroups
-from tests.lab.apiserver import ApiClient, ApiServer
+from tests.lab.apiserver import ApiClient
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess
 from tests.lab.kubelet_node import KubeletNode, wait_until
 from tests.lab.runtime_lab import RuntimeLab
 from tests.node.conftest import (
-    NodeBinaries,
     cpuset,
     placed_memory,
-    registered_node,
     resize,
     sized,
     start_crihook,
@@ -70,16 +68,8 @@ def crihook(containerd: RuntimeLab) -> Iterator[CrihookProcess]:
 
 
 @pytest.fixture(scope="module")
-def node(
-    containerd: RuntimeLab,
-    crihook: CrihookProcess,
-    node_binaries: NodeBinaries,
-    api_server: ApiServer,
-) -> Iterator[KubeletNode]:
-    with registered_node(
-        node_binaries, containerd, crihook, api_server, reserved_cpus=""
-    ) as kubelet:
-        yield kubelet
+def reserved_cpus() -> str:
+    return ""  # none: the 2-CPU node admits a 2-CPU Guaranteed pod
 
 
 def test_exclusive_cpus_grow_and_shrink_in_place_through_the_api(
