@@ -5,7 +5,10 @@ The binaries come from the peer cache (tests/lab/peers.py); a fresh machine buil
 ``sh deploy/setup.sh``'s background build, which these fixtures wait for. One API server
 serves the whole session (each node registers under its own name); each module runs its
 own kubelet(s) on the runtime, one at a time: a kubelet stops the pods on its runtime that
-it does not know of.
+it does not know of. A module that defines a module-scoped ``crihook`` fixture gets a
+registered kubelet through it as ``node`` (``reserved_cpus`` overridable) and ``api``,
+which deletes the pods a test created. The helpers below read what crihook and kubelet did:
+cgroups, crihook's hook state and call log, kubelet's resize condition.
 """
 
 from __future__ import annotations
