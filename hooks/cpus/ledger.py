@@ -388,10 +388,20 @@ class CpuLedger(Hook):
 
     async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
         """A pod-level resize of a pod with a bubble: its CPUs stay as they are (kubelet's
-        pod-level resource managers do not resize a pod's exclusive resources)."""
+        pod-level resource managers do not resize a pod's exclusive resources). A pod whose
+        containers hold exclusive CPUs: its CPU resize is refused here already, as its
+        containers' would be, before kubelet writes the pod's cgroup (undoing the CFS quota
+        crihook lifted for them) and then finds its containers' resize refused."""
+        request = ctx.peek_request()
+        if not request.HasField("resources"):
+            return None
+        resources = request.resources  # type: ignore[attr-defined]
         bubble = self.pool.bubble_of(ctx.pod.id)
-        resources = ctx.peek_request().resources  # type: ignore[attr-defined]
-        if bubble is None or not ctx.peek_request().HasField("resources"):
+        if bubble is None:
+            overhead = request.overhead  # type: ignore[attr-defined]
+            cpu_overhead = overhead.cpu_shares or overhead.cpu_quota  # in kubelet's pod figure
+            if not self.config.resize_exclusive_cpus and not cpu_overhead:
+                self._refuse_pod_cpu_resize(ctx.pod, resources.cpu_quota, resources.cpu_period)
             return None
         milli = cpu_request_milli_from_shares(resources.cpu_shares)
         if milli is not None and milli != len(bubble.cpus) * 1000:
@@ -400,6 +410,26 @@ class CpuLedger(Hook):
                 f"scope): resizing its CPU budget to {milli}m is infeasible"
             )
         return None
+
+    def _refuse_pod_cpu_resize(self, pod: PodView, quota: int, period: int) -> None:
+        """kubelet sends the pod's new CPU limit (its containers' sum) first when it grows,
+        and any limit is a growth of the quota crihook lifted (-1). A limit that is not the
+        exclusive CPUs the pod's containers hold is a resize of them: refused. Judged only
+        where that sum is known: every container of the pod running on exclusive CPUs
+        crihook picked (an exited one, an init container, may have asked for more, which
+        kubelet's pod limit then is). The quota, not the shares: a cgroup v2 weight does not
+        convert back to the shares it was written from."""
+        holders = [h for _, h in self.pool.pod_holders(pod.id)]
+        if quota <= 0 or period <= 0 or not holders:
+            return
+        if any(h.stopped or not h.cpus or h.scheduled or h.in_bubble for h in holders):
+            return
+        held = sum(len(h.cpus) for h in holders)
+        if quota != held * period:
+            raise Reject(
+                f"resize of pod {_pod(pod)} to {quota * 1000 // period}m CPU is infeasible: its "
+                f"containers hold {held} exclusive CPUs ({_STATIC_NO_RESIZE})"
+            )
 
     async def post_remove_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         pool = self.pool
@@ -629,9 +659,11 @@ def _refuse_cpu_resize(holder: Holder, milli: int, container: ContainerView) -> 
     restart, is no resize: the caller checks.)"""
     raise Reject(
         f"resize of container {container.name!r} to {milli}m CPU is infeasible: it holds "
-        f"{len(holder.cpus)} exclusive CPUs (kubelet's static policy does not resize "
-        "Guaranteed containers in place)"
+        f"{len(holder.cpus)} exclusive CPUs ({_STATIC_NO_RESIZE})"
     )
+
+
+_STATIC_NO_RESIZE = "kubelet's static policy does not resize Guaranteed containers in place"
 
 
 _POOL_NAMES = {SHARED_POOL: "shared", BE_POOL: "BE"}

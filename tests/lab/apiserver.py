@@ -156,6 +156,9 @@ class ApiServer:
                 f"sqlite://{self.dir}/state.db?_journal=WAL&cache=shared",
                 "--listen-address",
                 f"127.0.0.1:{self.kine_port}",
+                # No metrics server: its default, :8080, is one port for every kine here.
+                "--metrics-bind-address",
+                "0",
             ],
         )
         self._spawn(

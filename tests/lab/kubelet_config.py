@@ -35,6 +35,7 @@ class KubeletSettings:
     reserved_cpus: str = "0"  # reservedSystemCPUs: matches crihook's [hooks.cpuset] reserved
     kubeconfig: Path | None = None  # None: standalone (static pods only)
     feature_gates: tuple[tuple[str, bool], ...] = ()
+    cpu_manager_reconcile_period: str = "5s"  # how often the static policy re-sends cpusets
 
     def __post_init__(self) -> None:
         if self.cpu_manager_policy not in CPU_MANAGER_POLICIES:
@@ -85,7 +86,7 @@ def kubelet_configuration(s: KubeletSettings) -> dict[str, object]:
             "imagefs.available": "1%",
         },
         "cpuManagerPolicy": s.cpu_manager_policy,
-        "cpuManagerReconcilePeriod": "5s",
+        "cpuManagerReconcilePeriod": s.cpu_manager_reconcile_period,
         "reservedSystemCPUs": s.reserved_cpus,
         "registerNode": s.kubeconfig is not None,
         "nodeStatusUpdateFrequency": "5s",

@@ -233,6 +233,7 @@ class KubeletNode:
         reserved_cpus: str = "0",
         kubeconfig: str | None = None,
         feature_gates: Mapping[str, bool] | None = None,
+        cpu_manager_reconcile_period: str = "5s",
     ) -> None:
         self.kubelet = kubelet
         self.dir = Path(tempfile.mkdtemp(prefix=NODE_DIR_PREFIX, dir="/tmp"))
@@ -256,6 +257,7 @@ class KubeletNode:
             reserved_cpus=reserved_cpus,
             kubeconfig=kubeconfig_path,
             feature_gates=tuple(sorted((feature_gates or {}).items())),
+            cpu_manager_reconcile_period=cpu_manager_reconcile_period,
         )
         self.log_path = self.dir / "kubelet.log"
         self._proc: subprocess.Popen[bytes] | None = None

@@ -11,7 +11,6 @@ with CPU 0 reserved, so a Guaranteed 1-CPU container holds CPU 1 and the shared 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,10 +22,9 @@ from typing import Any
 import pytest
 
 from tests.lab import cgroups
-from tests.lab.apiserver import ApiClient, ApiError, ApiServer
+from tests.lab.apiserver import ApiClient
 from tests.lab.crictl import Crictl
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
-from tests.lab.kubelet_config import kubeconfig
 from tests.lab.kubelet_node import (
     COVERED_SYSCTLS,
     KubeletNode,
@@ -35,7 +33,18 @@ from tests.lab.kubelet_node import (
     wait_until,
 )
 from tests.lab.runtime_lab import RuntimeLab
-from tests.node.conftest import CRIHOOK_CONFIG, HOOKS, NodeBinaries, start_crihook
+from tests.node.conftest import (
+    CRIHOOK_CONFIG,
+    HOOKS,
+    cpuset,
+    held_cpus,
+    placed_memory,
+    resize,
+    sized,
+    start_crihook,
+    wait_cpuset,
+    wait_resize_refused,
+)
 from tests.node.manifests import pod_manifest
 
 pytestmark = [pytest.mark.both_containerds, pytest.mark.on_crio]
@@ -66,60 +75,6 @@ def crihook(containerd: RuntimeLab, host_devices: Path) -> Iterator[CrihookProce
         proc.kill()
 
 
-@pytest.fixture(scope="module")
-def node(
-    containerd: RuntimeLab,
-    crihook: CrihookProcess,
-    node_binaries: NodeBinaries,
-    api_server: ApiServer,
-) -> Iterator[KubeletNode]:
-    kubelet = KubeletNode(
-        node_binaries.kubelet,
-        containerd.endpoint,
-        endpoint=crihook.endpoint,
-        kubeconfig=kubeconfig(api_server.server, api_server.token),
-    )
-    try:
-        kubelet.start()
-        api = api_server.client()
-        wait_until(lambda: api.node_ready(kubelet.name), PATIENCE, "the node Ready")
-        yield kubelet
-    finally:
-        try:
-            kubelet.cleanup()
-        finally:
-            # The Node object goes with its kubelet (it may never have registered).
-            with contextlib.suppress(ApiError, OSError):
-                api_server.client().delete_node(kubelet.name)
-
-
-@pytest.fixture
-def api(api_server: ApiServer, node: KubeletNode) -> Iterator[ApiClient]:
-    """The API client; the pods a test created through it are deleted (and gone from the
-    runtime) at teardown, so the next test starts on an empty node."""
-    client = api_server.client()
-    before = _pod_names(client)
-    yield client
-    created = _pod_names(client) - before
-    for name in created:
-        client.delete_pod(name)
-    for name in created:  # gone from the API at once (no grace); from the runtime soon after
-        node.view.wait_gone(name, "default", PATIENCE)
-
-
-def _pod_names(client: ApiClient) -> set[str]:
-    items = client.request("GET", "/api/v1/namespaces/default/pods")["items"]
-    return {p["metadata"]["name"] for p in items if not _is_mirror(p)}
-
-
-def _is_mirror(pod: dict[str, Any]) -> bool:
-    return "kubernetes.io/config.mirror" in pod["metadata"].get("annotations", {})
-
-
-def cpuset(pod: NodePod) -> str:
-    return cgroups.cgroup_value(pod.containers["app"].cgroup, "cpuset.cpus")
-
-
 def oom_score(pod: NodePod) -> int:
     return oom_score_adj_of(pod.containers["app"].pid)
 
@@ -131,14 +86,6 @@ def run_api_pod(node: KubeletNode, api: ApiClient, name: str, qos: str) -> NodeP
         lambda: api.pod(name)["status"].get("phase") == "Running", PATIENCE, f"{name} Running"
     )
     return pod
-
-
-def wait_cpuset(node: KubeletNode, name: str, cpus: str) -> None:
-    def holds() -> bool:
-        pod = node.view.pod(name, "default")
-        return pod is not None and cpuset(pod) == cpus
-
-    wait_until(holds, PATIENCE, f"{name}'s cpuset {cpus}")
 
 
 # --- the host -------------------------------------------------------------------------------
@@ -237,16 +184,6 @@ def _placement(node: KubeletNode, names: list[str]) -> dict[str, tuple[str, str,
     return out
 
 
-def _held_cpus(crihook: CrihookProcess) -> list[str]:
-    """The exclusive CPUs crihook's cpuset hook holds, one entry per holder."""
-    state = crihook.hook_state("cpuset")
-    return sorted(
-        str(v.get("cpus"))
-        for k, v in state.items()
-        if k.startswith("c:") and isinstance(v, dict) and v.get("cpus") and not v.get("stopped")
-    )
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_crihook_restarts_under_a_running_kubelet(
     node: KubeletNode, api: ApiClient, crihook: CrihookProcess, sig: signal.Signals
@@ -255,7 +192,7 @@ def test_crihook_restarts_under_a_running_kubelet(
     run_api_pod(node, api, names[0], "guaranteed")
     run_api_pod(node, api, names[1], "besteffort")
     before = _placement(node, names)
-    assert _held_cpus(crihook) == [EXCLUSIVE]
+    assert held_cpus(crihook) == [EXCLUSIVE]
     crihook.signal(sig)
     assert crihook.proc is not None
     crihook.proc.wait(PATIENCE)
@@ -263,7 +200,7 @@ def test_crihook_restarts_under_a_running_kubelet(
     # kubelet finds the runtime again by itself: a new pod runs, the old ones kept their ids.
     run_api_pod(node, api, "rs-after", "besteffort")
     assert _placement(node, names) == before
-    assert _held_cpus(crihook) == [EXCLUSIVE]
+    assert held_cpus(crihook) == [EXCLUSIVE]
 
 
 def test_kubelet_restart_leaves_pins_and_scores(
@@ -276,7 +213,7 @@ def test_kubelet_restart_leaves_pins_and_scores(
     node.restart()
     run_api_pod(node, api, "kr-after", "besteffort")
     assert _placement(node, names) == before
-    assert _held_cpus(crihook) == [EXCLUSIVE]
+    assert held_cpus(crihook) == [EXCLUSIVE]
 
 
 def test_runtime_restart_brings_the_pods_back(
@@ -300,25 +237,12 @@ def test_runtime_restart_brings_the_pods_back(
 MiB = 1024 * 1024
 
 
-def _resize(api: ApiClient, name: str, resources: dict[str, dict[str, str]]) -> None:
-    patch = {"spec": {"containers": [{"name": "app", "resources": resources}]}}
-    api.resize_pod(name, patch)
-
-
-def _resize_condition(api: ApiClient, name: str) -> dict[str, Any] | None:
-    for condition in api.pod(name)["status"].get("conditions", []):
-        if condition["type"] in ("PodResizeInProgress", "PodResizePending"):
-            found: dict[str, Any] = condition
-            return found
-    return None
-
-
 def test_a_burstable_resize_through_the_api_is_applied_in_place(
     node: KubeletNode, api: ApiClient
 ) -> None:
     pod = run_api_pod(node, api, "rz-burstable", "burstable")
     app = pod.containers["app"]
-    _resize(
+    resize(
         api,
         "rz-burstable",
         {"requests": {"cpu": "0", "memory": "32Mi"}, "limits": {"cpu": "800m", "memory": "96Mi"}},
@@ -334,30 +258,53 @@ def test_a_burstable_resize_through_the_api_is_applied_in_place(
     assert oom_score_adj_of(app.pid) == oom_score(pod)
 
 
-def test_a_guaranteed_memory_resize_is_refused_with_crihooks_message(
-    node: KubeletNode, api: ApiClient
+@pytest.mark.parametrize(
+    ("size", "refusal"),
+    [
+        # The cpuset hook (resize_exclusive_cpus off): 1 CPU to half of one, refused at the
+        # pod's UpdatePodSandboxResources, before kubelet writes the pod's cgroup. (Growing
+        # to 2 CPUs is kubelet's own refusal here: CPU 0 is reserved, 1 CPU allocatable.)
+        pytest.param(
+            sized("500m", "64Mi"),
+            "to 500m CPU is infeasible: its containers hold 1 exclusive CPUs",
+            id="cpu",
+        ),
+        # The numa hook (resize_exclusive_memory off).
+        pytest.param(
+            sized("1", "96Mi"),
+            "[hooks.numa] resize_exclusive_memory = true resizes within its NUMA nodes",
+            id="memory",
+        ),
+    ],
+)
+def test_a_guaranteed_resize_is_refused_with_crihooks_message_and_leaves_nothing_half_done(
+    node: KubeletNode,
+    api: ApiClient,
+    crihook: CrihookProcess,
+    size: dict[str, dict[str, str]],
+    refusal: str,
 ) -> None:
-    """The numa hook placed the container's memory; without resize_exclusive_memory it
-    refuses to resize it, as kubelet's memory manager would: kubelet shows the refusal."""
+    """kubelet (CPU and memory managers off) resizes in place; crihook refuses as kubelet's
+    static policies would with their gates off, and kubelet shows the refusal in the pod's
+    resize condition. The refused call changed nothing crihook controls: the container's
+    cgroup (cpuset, quota, shares, memory limit), the pod cgroup's CFS quota (crihook lifted
+    it), the CPU it holds, the memory placed."""
     pod = run_api_pod(node, api, "rz-guaranteed", "guaranteed")
     app = pod.containers["app"]
-    _resize(
-        api,
-        "rz-guaranteed",
-        {"requests": {"cpu": "1", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "96Mi"}},
-    )
-    condition = wait_until(
-        lambda: (
-            (c := _resize_condition(api, "rz-guaranteed"))
-            and "resize_exclusive_memory" in c.get("message", "")
-            and c
-        ),
-        PATIENCE,
-        "kubelet's resize condition with crihook's message",
-    )
-    assert "numa" in condition["message"]
-    assert cgroups.read_limits(app.cgroup).memory_limit == 64 * MiB
+    limits = cgroups.read_limits(app.cgroup)
+    pod_quota = cgroups.cgroup_value(pod.cgroup_parent, "cpu.cfs_quota_us")  # crihook lifted it
+    placed = placed_memory(crihook, pod.sandbox_id)
+    assert placed == [64 * MiB]
+    resize(api, "rz-guaranteed", size)
+    wait_resize_refused(api, "rz-guaranteed", refusal)
+    assert cgroups.read_limits(app.cgroup) == limits
+    assert cgroups.cgroup_value(pod.cgroup_parent, "cpu.cfs_quota_us") == pod_quota
     assert cpuset(pod) == EXCLUSIVE
+    assert held_cpus(crihook) == [EXCLUSIVE]
+    assert placed_memory(crihook, pod.sandbox_id) == placed
+    assert not crihook.hook_state("numa").get("resizing")
+    after = node.view.pod("rz-guaranteed", "default")
+    assert after is not None and after.containers["app"].id == app.id
 
 
 # --- devices through the API ----------------------------------------------------------------

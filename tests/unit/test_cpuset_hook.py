@@ -1078,6 +1078,62 @@ async def test_a_cpu_resize_of_an_exclusive_container_is_refused_and_a_revert_pa
     assert pool_of(node).containers["c1"].cpus == held
 
 
+def pod_resources(milli: int, memory: int = GIB) -> api_pb2.UpdatePodSandboxResourcesRequest:
+    """kubelet's UpdatePodSandboxResources before it writes a Guaranteed pod's cgroup: the
+    pod's CPU limit (its containers' sum), sent first when it grows."""
+    request = api_pb2.UpdatePodSandboxResourcesRequest()
+    request.resources.CopyFrom(resources_for(milli, memory))
+    return request
+
+
+async def pod_update(
+    node: Node, pod: PodView, request: api_pb2.UpdatePodSandboxResourcesRequest
+) -> Adjustment | None:
+    pre = await node.stage(Event.UPDATE_POD_SANDBOX_RESOURCES, Stage.PRE, pod, None, request)
+    return pre  # type: ignore[no-any-return]
+
+
+async def test_a_cpu_resize_of_a_pod_with_exclusive_cpus_is_refused_before_its_cgroup() -> None:
+    """The pod-level call comes first: refused there, kubelet leaves the pod's cgroup (and
+    the CFS quota crihook lifted) as it was. The same CPUs, a memory resize's pod call
+    (the quota crihook lifted), or no resources at all pass."""
+    node = await start()
+    g = await pod(node, "g", guaranteed("app", 2000), guaranteed("side", 1000))
+    await node.create(g, guaranteed("app", 2000), "c1")
+    await node.create(g, guaranteed("side", 1000), "c2")
+    with pytest.raises(Reject) as refused:
+        await pod_update(node, g, pod_resources(2500))
+    assert refused.value.reason == (
+        "resize of pod default/g to 2500m CPU is infeasible: its containers hold 3 exclusive "
+        "CPUs (kubelet's static policy does not resize Guaranteed containers in place)"
+    )
+    memory = pod_resources(3000, 2 * GIB)
+    memory.resources.cpu_quota = -1
+    for passes in (pod_resources(3000), memory, api_pb2.UpdatePodSandboxResourcesRequest()):
+        assert await pod_update(node, g, passes) is None
+
+
+@pytest.mark.parametrize("case", ["resize-on", "shared-container", "exited-container", "overhead"])
+async def test_a_pod_cpu_resize_is_left_to_the_containers_where_the_pod_sum_is_unknown(
+    case: str,
+) -> None:
+    """With resize_exclusive_cpus the containers' calls decide; a pod with a container on a
+    shared pool, or an exited one (an init container may have asked for more), or with
+    overhead has a pod figure crihook cannot add up."""
+    node = await start(RESIZE if case == "resize-on" else None)
+    g = await pod(node, "g", guaranteed("app", 2000), guaranteed("side", 500))
+    await node.create(g, guaranteed("app", 2000), "c1")
+    if case == "shared-container":
+        await node.create(g, guaranteed("side", 500), "c2")
+    if case == "exited-container":
+        await node.create(g, guaranteed("side", 1000), "c2")
+        await node.stop("c2")
+    request = pod_resources(2500)
+    if case == "overhead":
+        request.overhead.cpu_shares = 512
+    assert await pod_update(node, g, request) is None
+
+
 async def test_a_shared_container_resizes_freely() -> None:
     node = await start()
     b = await pod(node, "b", burstable("app", 500))
