@@ -6,6 +6,9 @@ cpuset, numa, oom and devices, CPU 0 reserved) in front of one lab runtime.
     sudo .venv/bin/python -m tests.replay.record_kubelet --runtime 2    # kubelet-containerd-2
     sudo .venv/bin/python -m tests.replay.record_kubelet --runtime crio # kubelet-crio
 
+bench/kubelet_captured/ holds requests of the 1.6 file: re-take them after re-recording it
+(`python -m bench.kubelet_capture`; tests/unit/test_bench_kubelet.py says when they differ).
+
 Needs root, the runtime and the node's binaries in the peer cache (sh deploy/setup.sh).
 Takes about three minutes: most of it waiting for kubelet's garbage collector (once a
 minute) to remove what it stopped. Only what crihook intercepts is recorded (kubelet's
