@@ -156,6 +156,10 @@ class ApiServer:
                 f"sqlite://{self.dir}/state.db?_journal=WAL&cache=shared",
                 "--listen-address",
                 f"127.0.0.1:{self.kine_port}",
+                # its metrics default to :8080: a second API server on the machine (another
+                # test session, bench.run --kubelet) would fail to start
+                "--metrics-bind-address",
+                "0",
             ],
         )
         self._spawn(
