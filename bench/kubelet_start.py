@@ -27,6 +27,7 @@ The issue's target: through crihook <= 1.02x direct.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import statistics
 import sys
@@ -139,7 +140,7 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]]) -> str:
+def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]], load: str = "") -> str:
     """The table: per path (``starts_ms[path]``, one start per rep, in rep order)."""
     direct = starts_ms[DIRECT]
     base = statistics.median(direct)
@@ -157,7 +158,7 @@ def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]]) -> str:
             f"| {name} | {q1:.1f} | {q2:.1f} | {q3:.1f} | {q2 / base:.3f} | {paired:.3f} |"
         )
     lines.append("")
-    lines.append(f"target: through crihook <= {TARGET}x direct")
+    lines.append(f"target: through crihook <= {TARGET}x direct{load}")
     return "\n".join(lines)
 
 
@@ -166,6 +167,7 @@ def run_kubelet_start(runtime: str, reps: int, qos: str = "guaranteed", seed: in
     if qos not in QOS_RESOURCES:
         raise ValueError(f"qos {qos!r}: one of {', '.join(QOS_RESOURCES)}")
     rng = random.Random(seed)
+    load_at_start = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
         _say("starting kine and kube-apiserver")
         api_server = stack.enter_context(ApiServer(peers.kube_apiserver(), peers.kine()))
@@ -187,4 +189,5 @@ def run_kubelet_start(runtime: str, reps: int, qos: str = "guaranteed", seed: in
                 f"rep {rep + 1}/{reps}: "
                 + ", ".join(f"{p.name} {p.starts_ms[-1]:.1f} ms" for p in paths)
             )
-        return report(runtime, qos, {p.name: p.starts_ms for p in paths})
+        load = f"; load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
+        return report(runtime, qos, {p.name: p.starts_ms for p in paths}, load)
