@@ -10,7 +10,7 @@ bench/kubelet_captured/ holds requests of the 1.6 file: re-take them after re-re
 (`python -m bench.kubelet_capture`; tests/unit/test_bench_kubelet.py says when they differ).
 
 Needs root, the runtime and the node's binaries in the peer cache (sh deploy/setup.sh).
-Takes about three minutes: most of it waiting for kubelet's garbage collector (once a
+Takes a little over a minute: much of it waiting for kubelet's garbage collector (once a
 minute) to remove what it stopped. Only what crihook intercepts is recorded (kubelet's
 List and Status calls pass through unrecorded), and each recording differs from the last
 in its ids, names and times: the replay compares what crihook did with them.
