@@ -201,7 +201,11 @@ class ApiServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ApiServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ is not called for a failed __enter__
+            self.cleanup()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
