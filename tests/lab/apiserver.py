@@ -219,13 +219,17 @@ class ApiServer:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the process
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            log.close()
+            raise
         self._procs.append((name, proc, log))
 
     def _wait_ready(self, timeout: float) -> None:
