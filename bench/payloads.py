@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from crihook.api.cri.v1 import api_pb2
@@ -39,6 +40,8 @@ __all__ = [
     "canned_responses",
     "create_container_request",
     "fake_create_container_request",
+    "kubelet_create_container_request",
+    "kubelet_run_pod_sandbox_request",
     "lifecycle_pod",
     "list_containers_request",
     "mount_sources",
@@ -230,6 +233,31 @@ def fake_create_container_request() -> bytes:
         image_ref=f"sha256:{_hex_id(BUSYBOX_REF)}",
         node_memory=16 * 1024**3,
     )
+
+
+KUBELET_CAPTURED = Path(__file__).resolve().parent / "kubelet_captured"
+"""A real kubelet's requests for a Burstable pod, taken from the kubelet corpus
+(bench/kubelet_capture.py)."""
+KUBELET_CONTAINER_LABEL = "io.kubernetes.container.name"
+
+
+def kubelet_run_pod_sandbox_request() -> bytes:
+    """The RunPodSandboxRequest a real kubelet sent, byte for byte as recorded."""
+    return (KUBELET_CAPTURED / "RunPodSandbox.bin").read_bytes()
+
+
+def kubelet_create_container_request() -> bytes:
+    """The CreateContainerRequest a real kubelet sent, its container named ``app-`` +
+    NAME_MARKER (name and kubelet's name label) so that each request has its own; re-encoded
+    by protobuf (kubelet's Go encoder may order map entries otherwise: same size, same
+    content)."""
+    request = api_pb2.CreateContainerRequest.FromString(
+        (KUBELET_CAPTURED / "CreateContainer.bin").read_bytes()
+    )
+    name = f"app-{NAME_MARKER}"
+    request.config.metadata.name = name
+    request.config.labels[KUBELET_CONTAINER_LABEL] = name
+    return request.SerializeToString()
 
 
 def list_containers_request() -> bytes:

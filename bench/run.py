@@ -40,7 +40,7 @@ from typing import IO, Any, Protocol
 
 import grpc
 
-from bench import loadgen, node_pods, payloads
+from bench import kubelet_start, loadgen, node_pods, payloads
 from bench.procfs import descendants, rss_bytes
 from crihook.api.cri.v1 import api_pb2
 
@@ -388,7 +388,9 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, env: Mapping[str, str] | None = None, kubelet_requests: bool = False
+    ) -> None:
         sock = workdir / "fake-runtime.sock"
         self.endpoint = f"unix://{sock}"
         self._proc = Managed(
@@ -400,7 +402,10 @@ class FakeBackend:
         self._payloads = {
             "ListContainers": Payload(payloads.list_containers_request()),
             "CreateContainer": Payload(
-                payloads.fake_create_container_request(), payloads.NAME_MARKER
+                payloads.kubelet_create_container_request()
+                if kubelet_requests
+                else payloads.fake_create_container_request(),
+                payloads.NAME_MARKER,
             ),
         }
 
@@ -753,7 +758,9 @@ class Bench:
 
     def start(self) -> None:
         self._say("starting the fake runtime")
-        self.backends["fake"] = FakeBackend(self.workdir, self.tools_env)
+        self.backends["fake"] = FakeBackend(
+            self.workdir, self.tools_env, kubelet_requests=self.args.kubelet_requests
+        )
         if self.args.real_containerd:
             self._say(
                 f"starting a real containerd {self.args.containerd} (tests.lab) and a pod sandbox"
@@ -1157,7 +1164,9 @@ def render_report(
         f"crihook bench, {meta['date']}, {meta['machine']}; {meta['reps']} reps {TIMES} "
         f"{meta['duration_s']} s measured (+{meta['warmup_s']} s warm-up) per cell; "
         f"medians over reps; ratios/deltas vs the direct cell of the same rep"
-        f"{'; real containerd ' + meta['containerd'] if meta.get('containerd') else ''}.\n",
+        f"{'; real containerd ' + meta['containerd'] if meta.get('containerd') else ''}"
+        f"; CreateContainer to the fake runtime: the "
+        f"{meta.get('create_container_request', 'bench pod')}'s request.\n",
         markdown_table(summary),
         "Background load (busy CPU not from the bench's own processes, per cell window): "
         f"median {meta.get('background_cores_median', 'n/a')} cores, "
@@ -1213,7 +1222,7 @@ def _lab_available() -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 rep, 1 s per cell")
-    p.add_argument("--reps", type=int, help="repetitions (default 5, quick 1)")
+    p.add_argument("--reps", type=int, help="repetitions (default 5, --kubelet 15, quick 1)")
     p.add_argument("--duration", type=float, help="measured seconds per cell (2.5; quick 1)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per cell (0.5; quick 0.3)")
     p.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
@@ -1222,9 +1231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also measure a real containerd from tests.lab (default: when available)",
     )  # fmt: skip
     p.add_argument(
-        "--containerd", choices=("1.6", "2"), default="1.6",
+        "--containerd", choices=("1.6", "2", "crio"), default="1.6",
         help="which real containerd: Debian's 1.6, or 2.x built and cached by tests.lab.peers "
-        "(default: %(default)s)",
+        "(default: %(default)s); crio (CRI-O) with --kubelet only",
     )  # fmt: skip
     p.add_argument(
         "--scenario", action="append", dest="scenarios", metavar="NAME",
@@ -1273,10 +1282,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also measure pod start on the real containerd (RunPodSandbox + StopPodSandbox, "
         "one at a time) for the direct path and every scenario; on by itself with netdev",
     )  # fmt: skip
+    p.add_argument(
+        "--kubelet-requests", action="store_true",
+        help="the fake runtime's CreateContainer cells send the request a real kubelet sent "
+        "(bench/kubelet_captured, from the kubelet corpus) instead of the bench's own pod",
+    )  # fmt: skip
+    p.add_argument(
+        "--kubelet", action="store_true",
+        help="instead of the cells: pod start as a real kubelet sees it, direct and through "
+        "crihook (hooks none; cpuset,numa,oom), paired reps on --containerd (bench.kubelet_start)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kubelet-qos", choices=("guaranteed", "burstable", "besteffort"), default="guaranteed",
+        help="the QoS class of --kubelet's pod (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--keep-workdir", action="store_true", help="keep sockets and logs")
     args = p.parse_args(argv)
+    if args.containerd == "crio" and not args.kubelet:
+        p.error("--containerd crio: with --kubelet only")
     quick = args.quick
-    args.reps = args.reps or (1 if quick else 5)
+    args.reps = args.reps or (1 if quick else 15 if args.kubelet else 5)
     args.duration = args.duration or (1.0 if quick else 2.5)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if quick else 0.5)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -1385,6 +1410,11 @@ def _workdir(keep: bool) -> Iterator[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.kubelet:
+        print(
+            kubelet_start.run_kubelet_start(args.containerd, args.reps, args.kubelet_qos, args.seed)
+        )
+        return 0
     if args.node_pods:
         counts = [int(n) for n in args.node_pods.split(",")]
         print(node_pods.run_node_pods(counts, args.node_pods_measure, args.node_pods_updates))
@@ -1424,6 +1454,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": {s.name: {"args": s.args, "about": s.about} for s in bench.scenarios},
         "backends": list(bench.backends),
         "containerd": args.containerd if args.real_containerd else None,
+        "create_container_request": "kubelet" if args.kubelet_requests else "bench pod",
         "tools_grpc_experiments": args.tools_grpc_experiments,
         "max_background_cores": args.max_background,
         "reruns_for_background_load": retries,

@@ -200,7 +200,11 @@ class ApiServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ApiServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ is not called for a failed __enter__
+            self.cleanup()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
@@ -214,13 +218,17 @@ class ApiServer:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the process
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            log.close()
+            raise
         self._procs.append((name, proc, log))
 
     def _wait_ready(self, timeout: float) -> None:

@@ -27,8 +27,17 @@ HERE = Path(__file__).resolve().parent
 CORPUS = sorted(HERE.glob("*.jsonl"))
 
 
+KUBELET = sorted(HERE.glob("kubelet-*.jsonl"))
+
+
 def test_the_corpus_is_there_and_small() -> None:
-    assert [p.name for p in CORPUS] == ["containerd-node.jsonl", "koordinator-colocated.jsonl"]
+    assert [p.name for p in CORPUS] == [
+        "containerd-node.jsonl",
+        "koordinator-colocated.jsonl",
+        "kubelet-containerd-1.6.jsonl",
+        "kubelet-containerd-2.jsonl",
+        "kubelet-crio.jsonl",
+    ]
     assert all(p.stat().st_size < 400 * 1024 for p in CORPUS)
 
 
@@ -157,6 +166,80 @@ async def test_the_corpus_replays_its_plugin_and_netdev_and_differs_without_them
         .describe()
         .startswith("status: recorded \"INVALID_ARGUMENT: crihook: hook '60-netdev'")
     )
+
+
+# --- a real kubelet's traffic ------------------------------------------------------------------
+
+
+def _pod_name(call: CallEntry) -> str:
+    return str(call.doc["pod"]).split("/", 1)[1]
+
+
+@pytest.mark.parametrize("path", KUBELET, ids=[p.stem for p in KUBELET])
+def test_the_kubelet_corpus_is_a_real_kubelets_workload(path: Path) -> None:
+    recording = read_recording(path)
+    calls = _calls(recording)
+    methods = Counter(c.event.value for c in calls)
+    # crihook restarted with SIGTERM under the running kubelet: two parts.
+    assert len(recording.segments) == 2
+    assert all(s.entries[0].doc["kind"] == "sync" for s in recording.segments)
+    assert recording.segments[0].header["config"]["hooks"]["order"] == [
+        "20-cpuset", "30-numa", "40-oom", "50-devices"
+    ]  # fmt: skip
+    # kubelet's own marks: a static pod (from its manifest dir) and pods from the API.
+    sandboxes = [_request(c)["config"] for c in calls if c.event.value == "RunPodSandbox"]
+    sources = Counter(s["annotations"]["kubernetes.io/config.source"] for s in sandboxes)
+    assert sources["file"] == 1 and sources["api"] == len(sandboxes) - 1
+    # Pods of the three QoS classes under kubelet's cgroup root.
+    parents = {_pod_name(c): _request(c)["config"]["linux"]["cgroup_parent"] for c in calls
+               if c.event.value == "RunPodSandbox"}  # fmt: skip
+    assert "/kubepods/besteffort/pod" in parents["besteffort"]
+    assert "/kubepods/burstable/pod" in parents["burstable"]
+    assert "/kubepods/pod" in parents["guaranteed"]
+    # The Guaranteed containers get CPU 1, exclusive, without a CFS quota; the shared pool
+    # narrows to CPU 0 around them and widens back when one goes.
+    creates = {(_pod_name(c), c.doc["container"]): c for c in calls
+               if c.event.value == "CreateContainer" and not c.status}  # fmt: skip
+    for pod in ("guaranteed", "guaranteed-2"):
+        changes = creates[(pod, "app")].doc["forwarded"]["changes"]
+        assert changes["config.linux.resources.cpuset_cpus"] == "1"
+        assert changes["config.linux.resources.cpu_quota"] == -1
+    assert ("burstable", "init") in creates
+    pool = [u["resources"].get("cpuset_cpus") for c in calls for u in c.doc["updates"] or []]
+    assert "0" in pool and "0-1" in pool
+    # Resizes through the API: the Burstable one applied (crihook keeps its cpuset), the
+    # Guaranteed memory resize refused with crihook's message, as kubelet retried it.
+    updates = [c for c in calls if c.event.value == "UpdateContainerResources"]
+    applied = [c for c in updates if _pod_name(c) == "burstable" and not c.status]
+    assert applied and all(
+        c.doc["forwarded"]["changes"] == {"linux.cpuset_cpus": "0"} for c in applied
+    )
+    refused = [c for c in updates if _pod_name(c) == "guaranteed" and c.status]
+    assert refused and all(
+        c.status["code"] == "FAILED_PRECONDITION"
+        and "resize_exclusive_memory" in c.status["message"]
+        for c in refused
+    )
+    # The device the node does not allow, refused each time kubelet retried it.
+    denied = Counter((_pod_name(c), c.status["code"]) for c in calls if c.status
+                     and c.status["code"] != "UNIMPLEMENTED")  # fmt: skip
+    assert denied[("device-refused", "PERMISSION_DENIED")] >= 1
+    assert set(denied) == {("device-refused", "PERMISSION_DENIED"),
+                           ("guaranteed", "FAILED_PRECONDITION")}  # fmt: skip
+    # Every pod deleted, and removed by kubelet's garbage collector.
+    assert methods["RemovePodSandbox"] == methods["RunPodSandbox"] == len(sandboxes)
+    assert methods["RemoveContainer"] == len(creates)
+
+
+async def test_the_kubelet_corpus_differs_without_the_cpuset_hook() -> None:
+    report = await replay(read_recording(HERE / "kubelet-containerd-1.6.jsonl"), hooks="numa,oom")
+
+    fields = {(r.entry.label, d.field) for r in report.differing
+              if isinstance(r.entry, CallEntry) for d in r.differences}  # fmt: skip
+    assert (
+        "CreateContainer, pod default/guaranteed, container app",
+        "config.linux.resources.cpuset_cpus",
+    ) in fields
 
 
 # --- the co-located Koordinator node ----------------------------------------------------------

@@ -1,0 +1,193 @@
+"""Pod start as a real kubelet sees it, directly on the runtime and through crihook.
+
+    python -m bench.run --kubelet [--containerd 1.6|2|crio] [--reps 15] [--kubelet-qos guaranteed]
+
+One kube-apiserver on kine, and three nodes, each a real kubelet (v1.37, CPU 0 reserved,
+its CPU manager off) on a lab runtime of its own of the chosen version (a kubelet stops the
+pods on its runtime that it does not know of):
+
+- ``direct``: kubelet on the runtime's socket;
+- ``hooks-none``: kubelet on crihook ``--hooks none``;
+- ``cpuset,numa,oom``: kubelet on crihook ``--hooks cpuset,numa,oom`` (CPU 0 reserved too).
+
+Each rep starts one pod on each node, one after another in a new random order (paired
+reps: the three see the same moment of the machine), each from its API object created
+(``spec.nodeName`` set, no scheduler) to its container started. The end is the runtime's own
+``started_at`` of the container (nanoseconds, the same clock as the start), read once the
+container runs: polling does not quantize it, and nothing of kubelet's status reporting is
+in it. What it leaves out is the way back of StartContainer's answer to kubelet (through
+crihook: one more relay of an empty response). The pod is then deleted and gone from the
+runtime before the next one starts. A warm-up pod per node comes first, untimed.
+
+Reported per path: median and quartiles of the start, its ratio to ``direct``'s median, and
+the median over reps of each rep's ratio to that rep's direct start (the paired figure).
+The issue's target: through crihook <= 1.02x direct.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+from tests.lab import peers
+from tests.lab.apiserver import ApiClient, ApiServer
+from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
+from tests.lab.images import DEFAULT_CACHE_DIR, build_images
+from tests.lab.kubelet_node import KubeletNode
+from tests.lab.node_bed import on_node, registered_node
+from tests.node.manifests import QOS_RESOURCES, pod_manifest
+
+__all__ = ["PATHS", "report", "run_kubelet_start"]
+
+DIRECT = "direct"
+PATHS = (DIRECT, "hooks-none", "cpuset,numa,oom")
+CRIHOOK_CONFIG = '[hooks.cpuset]\nreserved_cpus = "0"\n'
+TARGET = 1.02
+_POLL = 0.05
+
+
+@dataclass
+class NodePath:
+    """One node: its kubelet and what it talks to."""
+
+    name: str
+    node: KubeletNode
+    starts_ms: list[float] = field(default_factory=list)
+
+
+def _say(message: str) -> None:
+    print(f"[bench --kubelet] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _node(
+    path: str, runtime: str, api_server: ApiServer, stack: contextlib.ExitStack
+) -> Iterator[KubeletNode]:
+    """The runtime, crihook unless ``direct``, and a registered kubelet for ``path``."""
+    lab = peers.lab_runtime(
+        runtime,
+        tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"),
+        build_images(DEFAULT_CACHE_DIR),
+    )
+    stack.callback(lab.cleanup)
+    lab.start()
+    endpoint = None
+    if path != DIRECT:
+        hooks = "none" if path == "hooks-none" else path
+        crihook = CrihookProcess(
+            lab.endpoint,
+            workdir=short_tmpdir("kb-"),
+            config=CRIHOOK_CONFIG,
+            hooks=hooks,
+            args=["--log-level", "warning"],  # the harness's default is debug
+        )
+        stack.callback(crihook.kill)
+        crihook.start()
+        endpoint = crihook.endpoint
+    with registered_node(peers.kubelet(), lab.endpoint, api_server, endpoint=endpoint) as node:
+        yield node
+
+
+def _started_at_ns(runtime_endpoint: str, pod: str, deadline: float) -> int:
+    """The runtime's started_at of pod ``pod``'s running container, once it runs."""
+    selector = {"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": "default"}
+    running = api_pb2.ContainerStateValue(state=api_pb2.CONTAINER_RUNNING)
+    request = api_pb2.ListContainersRequest(
+        filter=api_pb2.ContainerFilter(label_selector=selector, state=running)
+    )
+    with grpc.insecure_channel(runtime_endpoint) as channel:
+        runtime = api_pb2_grpc.RuntimeServiceStub(channel)
+        while True:
+            found = runtime.ListContainers(request, timeout=30).containers
+            if found:
+                status = runtime.ContainerStatus(
+                    api_pb2.ContainerStatusRequest(container_id=found[0].id), timeout=30
+                ).status
+                return int(status.started_at)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pod {pod}'s container not running after {PATIENCE:.0f}s")
+            time.sleep(_POLL)
+
+
+def start_one(node: KubeletNode, api: ApiClient, name: str, qos: str) -> float:
+    """Milliseconds from the pod's API object created to its container started; the pod is
+    deleted and gone from the runtime on return."""
+    manifest = on_node(pod_manifest(name, qos), node)
+    t0 = time.time_ns()
+    api.create_pod(manifest)
+    try:
+        started = _started_at_ns(node.view.endpoint, name, time.monotonic() + PATIENCE)
+    finally:
+        api.delete_pod(name)
+        node.view.wait_gone(name, "default", PATIENCE)
+    return (started - t0) / 1e6
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
+
+
+def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]], load: str = "") -> str:
+    """The table: per path (``starts_ms[path]``, one start per rep, in rep order)."""
+    direct = starts_ms[DIRECT]
+    base = statistics.median(direct)
+    lines = [
+        f"kubelet pod start ({qos} pod, API object created -> container started), "
+        f"runtime {runtime}, {len(direct)} paired reps:",
+        "",
+        "| path | p25 ms | median ms | p75 ms | median / direct | paired ratio (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, starts in starts_ms.items():
+        q1, q2, q3 = _quartiles(starts)
+        paired = statistics.median(a / b for a, b in zip(starts, direct, strict=True))
+        lines.append(
+            f"| {name} | {q1:.1f} | {q2:.1f} | {q3:.1f} | {q2 / base:.3f} | {paired:.3f} |"
+        )
+    lines.append("")
+    lines.append(f"target: through crihook <= {TARGET}x direct{load}")
+    return "\n".join(lines)
+
+
+def run_kubelet_start(runtime: str, reps: int, qos: str = "guaranteed", seed: int = 0) -> str:
+    """Set up the three nodes, run ``reps`` paired reps, return the report (markdown)."""
+    if qos not in QOS_RESOURCES:
+        raise ValueError(f"qos {qos!r}: one of {', '.join(QOS_RESOURCES)}")
+    rng = random.Random(seed)
+    load_at_start = os.getloadavg()[0]
+    with contextlib.ExitStack() as stack:
+        _say("starting kine and kube-apiserver")
+        api_server = stack.enter_context(ApiServer(peers.kube_apiserver(), peers.kine()))
+        api = api_server.client()
+        paths = []
+        for name in PATHS:
+            _say(f"starting {name}: runtime {runtime}, kubelet")
+            node = stack.enter_context(_node(name, runtime, api_server, stack))
+            paths.append(NodePath(name, node))
+        for i, p in enumerate(paths):
+            start_one(p.node, api, f"warm-up-{i}", qos)
+        for rep in range(reps):
+            order = paths[:]
+            rng.shuffle(order)
+            for p in order:  # pod names are the API server's: one per node and rep
+                name = f"start-{rep}-{paths.index(p)}"
+                p.starts_ms.append(start_one(p.node, api, name, qos))
+            _say(
+                f"rep {rep + 1}/{reps}: "
+                + ", ".join(f"{p.name} {p.starts_ms[-1]:.1f} ms" for p in paths)
+            )
+        load = f"; load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
+        return report(runtime, qos, {p.name: p.starts_ms for p in paths}, load)

@@ -1,0 +1,22 @@
+"""`python -m bench.run --kubelet` runs: one paired rep on containerd 1.6, three kubelets
+(direct, crihook with no hooks, crihook with cpuset,numa,oom), each on a runtime of its
+own. No timing is judged here, only that each path started its pod and is reported."""
+
+from __future__ import annotations
+
+from bench.kubelet_start import PATHS, run_kubelet_start
+from tests.node.conftest import NodeBinaries
+
+
+def test_the_kubelet_bench_starts_a_pod_on_each_path(node_binaries: NodeBinaries) -> None:
+    text = run_kubelet_start("1.6", reps=1)
+
+    rows = {
+        cells[0]: cells[1:]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith(("| path", "| ---"))
+        if (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    assert list(rows) == list(PATHS)
+    assert all(float(row[1]) > 0 for row in rows.values())
+    assert rows["direct"][-2:] == ["1.000", "1.000"]

@@ -1,0 +1,52 @@
+"""The bench's kubelet pieces that need no runtime: the requests captured from the kubelet
+corpus (bench/kubelet_captured) and the --kubelet report's arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import kubelet_capture, payloads
+from bench.kubelet_start import report
+from crihook.api.cri.v1 import api_pb2
+
+
+def test_the_captured_requests_are_the_corpus_kubelets(tmp_path: Path) -> None:
+    written = kubelet_capture.capture(out_dir=tmp_path)
+
+    assert sorted(p.name for p in written) == ["CreateContainer.bin", "RunPodSandbox.bin"]
+    for path in written:
+        assert path.read_bytes() == (payloads.KUBELET_CAPTURED / path.name).read_bytes()
+
+
+def test_the_kubelet_create_container_request_is_kubelets_with_a_name_per_request() -> None:
+    raw = (payloads.KUBELET_CAPTURED / "CreateContainer.bin").read_bytes()
+    captured = api_pb2.CreateContainerRequest.FromString(raw)
+    sent = api_pb2.CreateContainerRequest.FromString(payloads.kubelet_create_container_request())
+
+    assert sent.config.metadata.name == f"app-{payloads.NAME_MARKER}"
+    assert sent.config.labels["io.kubernetes.container.name"] == sent.config.metadata.name
+    sent.config.metadata.name = sent.config.labels["io.kubernetes.container.name"] = "app"
+    assert sent == captured  # nothing else changed
+    # A real kubelet's: its config source, its cgroup root, its QoS class.
+    assert captured.sandbox_config.annotations["kubernetes.io/config.source"] == "api"
+    assert "/kubepods/burstable/pod" in captured.sandbox_config.linux.cgroup_parent
+    sandbox = api_pb2.RunPodSandboxRequest.FromString(payloads.kubelet_run_pod_sandbox_request())
+    assert sandbox.config.metadata == captured.sandbox_config.metadata
+
+
+def test_the_kubelet_report_pairs_each_rep_with_its_direct_start() -> None:
+    text = report(
+        "1.6",
+        "guaranteed",
+        {"direct": [100.0, 200.0, 300.0], "hooks-none": [110.0, 200.0, 600.0]},
+    )
+
+    cells = {
+        row[0]: row[1:]
+        for line in text.splitlines()
+        if line.startswith("| ") and (row := [c.strip() for c in line.strip("|").split("|")])
+    }
+    # hooks-none: median 200 against 200; per rep 1.1, 1.0 and 2.0, median 1.1
+    assert cells["hooks-none"][1] == "200.0"
+    assert cells["hooks-none"][-2:] == ["1.000", "1.100"]
+    assert cells["direct"][-2:] == ["1.000", "1.000"]
