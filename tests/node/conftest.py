@@ -13,7 +13,6 @@ cgroups, crihook's hook state and call log, kubelet's resize condition.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -24,10 +23,10 @@ from typing import Any
 import pytest
 
 from tests.lab import cgroups, peers
-from tests.lab.apiserver import ApiClient, ApiError, ApiServer
+from tests.lab.apiserver import ApiClient, ApiServer
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
-from tests.lab.kubelet_config import kubeconfig
 from tests.lab.kubelet_node import KubeletNode, NodePod, wait_until
+from tests.lab.node_bed import registered_node
 from tests.lab.runtime_lab import LabError, RuntimeLab
 
 HOOKS = "cpuset,numa,oom"
@@ -89,25 +88,14 @@ def node(
 ) -> Iterator[KubeletNode]:
     """One kubelet for the module, through the module's ``crihook`` fixture, registered
     with the API server and Ready; cleaned up, its Node object deleted, at the end."""
-    kubelet = KubeletNode(
+    with registered_node(
         node_binaries.kubelet,
         containerd.endpoint,
+        api_server,
         endpoint=crihook.endpoint,
         reserved_cpus=reserved_cpus,
-        kubeconfig=kubeconfig(api_server.server, api_server.token),
-    )
-    try:
-        kubelet.start()
-        api = api_server.client()
-        wait_until(lambda: api.node_ready(kubelet.name), PATIENCE, "the node Ready")
+    ) as kubelet:
         yield kubelet
-    finally:
-        try:
-            kubelet.cleanup()
-        finally:
-            # The Node object goes with its kubelet (it may never have registered).
-            with contextlib.suppress(ApiError, OSError):
-                api_server.client().delete_node(kubelet.name)
 
 
 @pytest.fixture
