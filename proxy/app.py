@@ -66,6 +66,7 @@ from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.unsettled import UnsettledRuntime
 from crihook.proxy.watchdog import keep_alive
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class App:
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.pipeline = Pipeline(
-            self.runtime,
+            UnsettledRuntime(self.runtime, self.store.unsettled),
             self.chain,
             self.store,
             self.readiness,
@@ -319,14 +320,17 @@ class App:
             await self.runtime.wait_until_ready()
             try:
                 kept, rebuilt, dropped = await self.store.reconcile(self.runtime)
-                differed = await self.sync.refresh_resources()
+                in_doubt = self.store.in_doubt
+                differed = await self.sync.refresh_resources(in_doubt)
                 log.info(
                     "store reconciled with the runtime: %d kept, %d rebuilt, %d dropped; "
-                    "%d container(s) run with other resources than recorded",
+                    "%d container(s) run with other resources than recorded (of %d asked: "
+                    "updated when crihook stopped)",
                     kept,
                     rebuilt,
                     dropped,
                     differed,
+                    len(in_doubt),
                 )
                 await self.sync.synchronize("start")
                 break

@@ -96,6 +96,7 @@ from crihook.proxy.records_journal import (
     records_name,
 )
 from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.unsettled import Unsettled
 
 __all__ = [
     "ContainerRecord",
@@ -533,6 +534,11 @@ class Store:
         """While a failed write-behind waits to be retried: how long that wait is."""
         self.status_write_failures = 0
         self._status_error: str | None = None
+        self.unsettled = Unsettled(state_dir)
+        """Containers whose resources the runtime may have changed since their record was
+        written (proxy/unsettled.py)."""
+        self.in_doubt: set[str] = set()
+        """Found at load(): the containers whose resources are taken from the runtime."""
 
     # --- records -------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -659,6 +665,7 @@ class Store:
         for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
             _remove_leftover_temp_files(directory)
         self._load_records()
+        self.in_doubt = self.unsettled.load(self.containers.keys())
         hooks_dir = self.state_dir / HOOKS_DIR
         journal = read_journal(hooks_dir)
         states: dict[str, dict[str, Any]] = {}
@@ -887,6 +894,7 @@ class Store:
         failure what was taken is marked changed again."""
         compact = self._compact_wanted if compact is None else compact
         plan = _Plan()
+        planned = 0  # the snapshot's mark for the containers in doubt
         names = self._dirty_hooks
         hooks_due = compact or self._hook_journal_bytes >= sum(self._hook_file_bytes.values())
         seq = 0
@@ -912,6 +920,7 @@ class Store:
             if not compact:
                 line = _records_line(pods, containers, self._pod_json, self._container_json, self)
             if line is None or self._records_bytes + len(line) >= self._snapshot_bytes:
+                planned = self.unsettled.planned()
                 plan.snapshot = (
                     _fragments(self._pod_json, self.pods),
                     _fragments(self._container_json, self.containers),
@@ -936,6 +945,7 @@ class Store:
             self._records_gen += 1
             self._records_bytes = 0
             self._snapshot_bytes = plan.snapshot_bytes
+            self.unsettled.written(planned, self.containers.keys())
         elif plan.records_line is not None:
             self._records_bytes += len(plan.records_line[1])
             self._journaled_since_compaction()
