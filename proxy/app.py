@@ -4,8 +4,9 @@ Start-up order: state directory held and socket listening, before the imports (h
 proxy/early.py: a connection waits in its backlog) → node topology read (`--sysfs-root`) →
 store loaded from disk → in-process hooks built, metrics listening (`--metrics-listen`) and
 hooks started (config errors stop here, exit 2, the socket removed) → socket served (bound
-here on the grpc data path; UNAVAILABLE until ready) → systemd told READY → runtime awaited with backoff → store
-reconciled with the runtime, container resources as the runtime reports them → every hook
+here on the grpc data path; UNAVAILABLE until ready) → systemd told READY → runtime
+awaited with backoff → store reconciled with the runtime (container resources as the
+runtime reports them where an update may not be recorded, proxy/unsettled.py) → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
 (they get the same snapshot when they connect) → ready. Shutdown (SIGTERM/SIGINT):
 stop accepting, let calls in flight finish within the grace, let the updates they issued go
