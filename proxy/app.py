@@ -336,7 +336,8 @@ class App:
                     differed,
                     len(in_doubt),
                 )
-                await self.sync.synchronize("start")
+                # The states as the reconcile just listed them: no third list call.
+                await self.sync.synchronize("start", self.store.container_states())
                 break
             except grpc.aio.AioRpcError as exc:  # the runtime went away again mid-way
                 log.warning(
@@ -362,8 +363,9 @@ class App:
             )
         )
         # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
-        # as the process: frozen, full collections stop walking it again and again.
-        gc.collect()
+        # as the process: frozen, full collections stop walking it again and again. No full
+        # collection first: at 1,000 containers it found nothing to free and cost 60-120 ms
+        # before ready (bench/README.md, start-up).
         gc.freeze()
         self.readiness.set(True)
         sdnotify.status("serving")

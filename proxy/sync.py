@@ -212,10 +212,15 @@ class Synchronizer:
         # raised (restrict_oom_score_adj); nothing changes it after: no drift.
         return int(replace(res, oom_score_adj=recorded.oom_score_adj) != recorded)
 
-    async def synchronize(self, reason: str) -> None:
+    async def synchronize(
+        self, reason: str, states: Mapping[str, ContainerState] | None = None
+    ) -> None:
         """Every hook's synchronize; their repairs sent. A hook that fails is logged and
-        counted (it keeps serving: its failure policy applies to calls, not to this)."""
-        states = await self.runtime.all_container_states()
+        counted (it keeps serving: its failure policy applies to calls, not to this).
+        `states`: the containers' states as the runtime listed them just now (None: it is
+        asked)."""
+        if states is None:
+            states = await self.runtime.all_container_states()
         pods, containers = self.store.snapshot()
         report = self.on_sync
         hook_states: dict[str, Any] = {}
