@@ -96,6 +96,7 @@ from crihook.proxy.records_journal import (
     records_name,
 )
 from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.state_dir import HOOKS_DIR, STATE_DIR_MODE, STATE_FILE_MODE
 from crihook.proxy.unsettled import Unsettled
 
 __all__ = [
@@ -115,7 +116,6 @@ log = logging.getLogger(__name__)
 STORE_VERSION = 1
 STORE_FILE = "store.json"
 STATUS_FILE = "status.json"
-HOOKS_DIR = "hooks"
 JOURNAL_PREFIX = "journal-"
 JOURNAL_SUFFIX = ".jsonl"
 """Hook journal files: hooks/journal-<n>.jsonl, n counting up from 1 in each process life."""
@@ -132,9 +132,6 @@ MAX_UPDATE_ERRORS = 10
 """A container record keeps its newest refused updates, this many (the log has them all)."""
 STALE_TEMP_SECONDS = 60.0
 """A temp file of a live process older than this is left over too (a write takes ms)."""
-STATE_DIR_MODE = 0o700
-STATE_FILE_MODE = 0o600
-"""The state directory and its files are root's alone (proxy/state_dir.py fixes older ones)."""
 POD_UID_LABEL = "io.kubernetes.pod.uid"
 """The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 

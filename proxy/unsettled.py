@@ -35,6 +35,7 @@ from pathlib import Path
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.proxy.outcome import Metadata, Runtime, UnaryCall
+from crihook.proxy.state_dir import STATE_FILE_MODE
 
 __all__ = ["UPDATE_PATH", "Unsettled", "UnsettledRuntime"]
 
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "unsettled-"
 UPDATE_PATH = "/runtime.v1.RuntimeService/UpdateContainerResources"
-FILE_MODE = 0o600
 
 
 class _Entry:
@@ -176,7 +176,7 @@ class Unsettled:
         """Opened for each line (a few µs more than keeping it open, which a read-only
         remount of the state directory would refuse while crihook runs)."""
         path = self.state_dir / f"{PREFIX}{self._gen}"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, STATE_FILE_MODE)
         try:
             data = memoryview(text.encode())
             while data:
