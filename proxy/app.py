@@ -1,10 +1,12 @@
 """The composition root: builds every part from the settings and runs them.
 
-Start-up order: store loaded from disk → node topology read (`--sysfs-root`) → in-process
-hooks built, metrics listening (`--metrics-listen`) and hooks started (config errors stop
-here, exit 2) → socket bound and serving at once
-(UNAVAILABLE until ready) → systemd told READY → runtime awaited with backoff → store
-reconciled with the runtime, container resources as the runtime reports them → every hook
+Start-up order: state directory held and socket listening, before the imports (h2 data path,
+proxy/early.py: a connection waits in its backlog) → node topology read (`--sysfs-root`) →
+store loaded from disk → in-process hooks built, metrics listening (`--metrics-listen`) and
+hooks started (config errors stop here, exit 2, the socket removed) → socket served (bound
+here on the grpc data path; UNAVAILABLE until ready) → systemd told READY → runtime
+awaited with backoff → store reconciled with the runtime (container resources as the
+runtime reports them where an update may not be recorded, proxy/unsettled.py) → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
 (they get the same snapshot when they connect) → ready. Shutdown (SIGTERM/SIGINT):
 stop accepting, let calls in flight finish within the grace, let the updates they issued go
@@ -19,6 +21,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +52,7 @@ from crihook.proxy import sdnotify
 from crihook.proxy.call_log import CallLog
 from crihook.proxy.chain import Chain
 from crihook.proxy.config import Settings
+from crihook.proxy.early import Claimed, claim
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.h2_runtime import Flusher, H2RuntimeClient
 from crihook.proxy.h2_server import H2Server
@@ -63,13 +67,14 @@ from crihook.proxy.placement import Placement
 from crihook.proxy.plugins import PluginDirectory, crihook_sockets
 from crihook.proxy.runtime_client import RuntimeClient
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
-from crihook.proxy.state_dir import hold_state_dir, secure_state_dir
 from crihook.proxy.store import Store
 from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.unsettled import UnsettledRuntime
 from crihook.proxy.watchdog import keep_alive
 
 if TYPE_CHECKING:
     from crihook.proxy.metrics import Metrics
+    from crihook.proxy.metrics_http import MetricsServer
     from crihook.proxy.record import Recorder
 
 __all__ = ["App", "run"]
@@ -102,7 +107,7 @@ class App:
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.pipeline = Pipeline(
-            self.runtime,
+            UnsettledRuntime(self.runtime, self.store.unsettled),
             self.chain,
             self.store,
             self.readiness,
@@ -319,16 +324,20 @@ class App:
             await self.runtime.wait_until_ready()
             try:
                 kept, rebuilt, dropped = await self.store.reconcile(self.runtime)
-                differed = await self.sync.refresh_resources()
+                in_doubt = self.store.in_doubt
+                differed = await self.sync.refresh_resources(in_doubt)
                 log.info(
                     "store reconciled with the runtime: %d kept, %d rebuilt, %d dropped; "
-                    "%d container(s) run with other resources than recorded",
+                    "%d container(s) run with other resources than recorded (of %d asked: "
+                    "updated when crihook stopped)",
                     kept,
                     rebuilt,
                     dropped,
                     differed,
+                    len(in_doubt),
                 )
-                await self.sync.synchronize("start")
+                # The states as the reconcile just listed them: no third list call.
+                await self.sync.synchronize("start", self.store.container_states())
                 break
             except grpc.aio.AioRpcError as exc:  # the runtime went away again mid-way
                 log.warning(
@@ -354,8 +363,9 @@ class App:
             )
         )
         # What start-up built (modules, grpc, protobuf descriptors, the store) lives as long
-        # as the process: frozen, full collections stop walking it again and again.
-        gc.collect()
+        # as the process: frozen, full collections stop walking it again and again. No full
+        # collection first: at 1,000 containers it found nothing to free and cost 60-120 ms
+        # before ready (bench/README.md, start-up).
         gc.freeze()
         self.readiness.set(True)
         sdnotify.status("serving")
@@ -386,8 +396,11 @@ class App:
             else:
                 failing = False
 
-    async def _start_server(self, path: Path) -> grpc.aio.Server | H2Server:
-        """The kubelet-facing server of the configured data path, listening on `path`."""
+    async def _start_server(
+        self, path: Path, listener: socket.socket | None
+    ) -> grpc.aio.Server | H2Server:
+        """The kubelet-facing server of the configured data path, listening on `path` (on
+        `listener`, bound there already, for the h2 data path)."""
         settings = self.settings
         observers = {"RestorePod": self._restored}
         recorder = self.recorder if settings.record.all else None
@@ -402,7 +415,7 @@ class App:
                 record=record,
                 metrics=self.metrics,
             )
-            await h2.start(path)
+            await h2.start(path, listener)
             return h2
         from crihook.proxy.server import build_server  # the grpc data path only
 
@@ -440,10 +453,12 @@ class App:
                 stop.set()
                 return
 
-    async def serve(self, stop: asyncio.Event) -> None:
+    async def _start(
+        self, listener: socket.socket | None
+    ) -> tuple[grpc.aio.Server | H2Server, MetricsServer | None]:
+        """Everything up to the server taking calls (UNAVAILABLE until ready): the store
+        loaded, hooks built and started, the metrics and the kubelet socket served."""
         settings = self.settings
-        secure_state_dir(settings.state_dir)  # before anything is read from it or written
-        state_lock = hold_state_dir(settings.state_dir)  # held until the process ends
         self.store.load()
         self.build_hooks()
         await self._write_node_doc()
@@ -470,10 +485,27 @@ class App:
                 " (secrets kept)" if settings.record.secrets else "",
             )
         path = settings.server.socket_path
+        if listener is not None:
+            return await self._start_server(path, listener), metrics_server
         prepare_listen_path(path)
         with owner_only():
-            server = await self._start_server(path)
+            server = await self._start_server(path, None)
         secure_socket(path, settings.server.socket_mode, settings.server.socket_group)
+        return server, metrics_server
+
+    async def serve(self, stop: asyncio.Event, claimed: Claimed | None = None) -> None:
+        """`claimed`: the state directory held and the socket listening, done before the
+        imports (proxy/early.py); None: done here."""
+        settings = self.settings
+        claimed = claimed if claimed is not None else claim(settings)
+        state_lock = claimed.state_lock  # held until the process ends
+        path = settings.server.socket_path
+        try:
+            server, metrics_server = await self._start(claimed.listener)
+        except BaseException:
+            claimed.abandon()
+            raise
+        claimed.listener = None  # the server's now
         log.info(
             "crihook %s listening on %s (data path %s), runtime %s%s",
             __version__,
@@ -556,14 +588,20 @@ def read_topology(settings: Settings) -> Topology:
         raise ConfigError("--sysfs-root", str(exc)) from None
 
 
-async def run(settings: Settings) -> int:
-    """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when the server stopped serving."""
+async def run(settings: Settings, claimed: Claimed | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when the server stopped serving.
+    `claimed`: the state directory and socket taken before the imports (proxy/early.py)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    app = App(settings)
-    await app.serve(stop)
+    try:
+        app = App(settings)
+    except BaseException:
+        if claimed is not None:
+            claimed.abandon()
+        raise
+    await app.serve(stop, claimed)
     # Stopped cleanly. A stop signal repeated from here to the exit (the loop's teardown,
     # the interpreter's) must not turn that into death by signal: ignored from now on.
     for sig in (signal.SIGTERM, signal.SIGINT):

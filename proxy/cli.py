@@ -201,17 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     settings = apply_flags(load_config(args.config), vars(args))
     configure_logging(settings.log_format, settings.log_level)
+    from crihook.proxy.early import claim
+
+    claimed = claim(settings)  # listening before the rest is imported and loaded
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a declared dependency; the default loop works too
-        return asyncio.run(_run(settings))
-    return uvloop.run(_run(settings))
+        return asyncio.run(_run(settings, claimed))
+    return uvloop.run(_run(settings, claimed))
 
 
-async def _run(settings: object) -> int:
+async def _run(settings: object, claimed: object) -> int:
     from crihook.proxy.app import run
 
-    return await run(settings)  # type: ignore[arg-type]
+    return await run(settings, claimed)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

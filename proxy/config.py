@@ -17,7 +17,6 @@ from typing import Any
 
 from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.proxy.errors import ConfigError
-from crihook.proxy.permissions import parse_grants
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -443,6 +442,9 @@ def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> Ho
         kw["endpoint"] = normalize_endpoint(f"{section} endpoint", known["endpoint"])
     if "allow" in known:
         allow = _str_list(f"{section} allow", known["allow"])
+        # Imported only then: hooks.spec is not needed to read the settings and listen.
+        from crihook.proxy.permissions import parse_grants
+
         try:
             parse_grants(allow, f"{section} allow")
         except ValueError as exc:

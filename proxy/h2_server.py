@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -693,8 +694,15 @@ class H2Server:
         self._server: asyncio.AbstractServer | None = None
         self._idle = asyncio.Event()
 
-    async def start(self, path: Path) -> None:
+    async def start(self, path: Path, listener: socket.socket | None = None) -> None:
+        """Serve on `listener` (bound at `path` already, proxy/early.py), else on a socket
+        made at `path`."""
         loop = asyncio.get_running_loop()
+        if listener is not None:
+            self._server = await loop.create_unix_server(
+                lambda: KubeletConnection(self), sock=listener
+            )
+            return
         self._server = await loop.create_unix_server(lambda: KubeletConnection(self), str(path))
 
     def forget(self, connection: KubeletConnection) -> None:

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from crihook.proxy.errors import ConfigError, SocketInUseError
 
-__all__ = ["owner_only", "prepare_listen_path", "secure_socket"]
+__all__ = ["LISTEN_BACKLOG", "listen_unix", "owner_only", "prepare_listen_path", "secure_socket"]
+
+LISTEN_BACKLOG = 128
+"""Connections the kernel takes before the server accepts them (asyncio's own is 100)."""
 
 
 def prepare_listen_path(path: Path) -> None:
@@ -62,3 +65,25 @@ def owner_only() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
+
+
+def listen_unix(path: Path, mode: int, group: str | None) -> socket.socket:
+    """A unix socket at `path`, listening, with the configured mode and group (never any
+    wider before). Connections wait in its backlog until a server accepts them. Raises
+    SocketInUseError (a live socket there) or ConfigError (no such group); then no socket
+    of ours is left at `path`."""
+    prepare_listen_path(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound = False
+    try:
+        with owner_only():
+            sock.bind(str(path))
+        bound = True
+        secure_socket(path, mode, group)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        if bound:
+            path.unlink(missing_ok=True)
+        raise
+    return sock

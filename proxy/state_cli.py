@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from crihook.proxy.records_journal import apply_records, read_records
-from crihook.proxy.state_dir import LOCK_FILE, state_dir_holder
-from crihook.proxy.store import HOOKS_DIR, STATUS_FILE, STORE_FILE, apply_journal, read_journal
+from crihook.proxy.state_dir import HOOKS_DIR, LOCK_FILE, state_dir_holder
+from crihook.proxy.store import STATUS_FILE, STORE_FILE, apply_journal, read_journal
 
 __all__ = ["STALE_SECONDS", "liveness", "load_state", "process_of", "render_state", "show_state"]
 

@@ -29,9 +29,23 @@ import struct
 from pathlib import Path
 
 from crihook.proxy.errors import StateDirInUseError
-from crihook.proxy.store import HOOKS_DIR, STATE_DIR_MODE, STATE_FILE_MODE
 
-__all__ = ["LOCK_FILE", "StateDirLock", "hold_state_dir", "secure_state_dir", "state_dir_holder"]
+__all__ = [
+    "HOOKS_DIR",
+    "LOCK_FILE",
+    "STATE_DIR_MODE",
+    "STATE_FILE_MODE",
+    "StateDirLock",
+    "hold_state_dir",
+    "secure_state_dir",
+    "state_dir_holder",
+]
+
+HOOKS_DIR = "hooks"
+STATE_DIR_MODE = 0o700
+STATE_FILE_MODE = 0o600
+"""The state directory and its files are root's alone (`secure_state_dir` fixes older ones).
+Defined here, below the store: held and secured before the store is even imported."""
 
 log = logging.getLogger(__name__)
 

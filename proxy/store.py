@@ -96,6 +96,8 @@ from crihook.proxy.records_journal import (
     records_name,
 )
 from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.state_dir import HOOKS_DIR, STATE_DIR_MODE, STATE_FILE_MODE
+from crihook.proxy.unsettled import Unsettled
 
 __all__ = [
     "ContainerRecord",
@@ -114,7 +116,6 @@ log = logging.getLogger(__name__)
 STORE_VERSION = 1
 STORE_FILE = "store.json"
 STATUS_FILE = "status.json"
-HOOKS_DIR = "hooks"
 JOURNAL_PREFIX = "journal-"
 JOURNAL_SUFFIX = ".jsonl"
 """Hook journal files: hooks/journal-<n>.jsonl, n counting up from 1 in each process life."""
@@ -131,9 +132,6 @@ MAX_UPDATE_ERRORS = 10
 """A container record keeps its newest refused updates, this many (the log has them all)."""
 STALE_TEMP_SECONDS = 60.0
 """A temp file of a live process older than this is left over too (a write takes ms)."""
-STATE_DIR_MODE = 0o700
-STATE_FILE_MODE = 0o600
-"""The state directory and its files are root's alone (proxy/state_dir.py fixes older ones)."""
 POD_UID_LABEL = "io.kubernetes.pod.uid"
 """The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 
@@ -533,6 +531,11 @@ class Store:
         """While a failed write-behind waits to be retried: how long that wait is."""
         self.status_write_failures = 0
         self._status_error: str | None = None
+        self.unsettled = Unsettled(state_dir)
+        """Containers whose resources the runtime may have changed since their record was
+        written (proxy/unsettled.py)."""
+        self.in_doubt: set[str] = set()
+        """Found at load(): the containers whose resources are taken from the runtime."""
 
     # --- records -------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -659,6 +662,7 @@ class Store:
         for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
             _remove_leftover_temp_files(directory)
         self._load_records()
+        self.in_doubt = self.unsettled.load(self.containers.keys())
         hooks_dir = self.state_dir / HOOKS_DIR
         journal = read_journal(hooks_dir)
         states: dict[str, dict[str, Any]] = {}
@@ -887,6 +891,7 @@ class Store:
         failure what was taken is marked changed again."""
         compact = self._compact_wanted if compact is None else compact
         plan = _Plan()
+        planned = 0  # the snapshot's mark for the containers in doubt
         names = self._dirty_hooks
         hooks_due = compact or self._hook_journal_bytes >= sum(self._hook_file_bytes.values())
         seq = 0
@@ -912,6 +917,7 @@ class Store:
             if not compact:
                 line = _records_line(pods, containers, self._pod_json, self._container_json, self)
             if line is None or self._records_bytes + len(line) >= self._snapshot_bytes:
+                planned = self.unsettled.planned()
                 plan.snapshot = (
                     _fragments(self._pod_json, self.pods),
                     _fragments(self._container_json, self.containers),
@@ -936,6 +942,7 @@ class Store:
             self._records_gen += 1
             self._records_bytes = 0
             self._snapshot_bytes = plan.snapshot_bytes
+            self.unsettled.written(planned, self.containers.keys())
         elif plan.records_line is not None:
             self._records_bytes += len(plan.records_line[1])
             self._journaled_since_compaction()

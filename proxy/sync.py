@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
@@ -174,13 +174,13 @@ class Synchronizer:
         self.failures = 0
         self.quiesced: Callable[[], AbstractAsyncContextManager[None]] = _no_calls
 
-    async def refresh_resources(self) -> int:
-        """Take each known container's resources from the runtime (what it runs with now,
-        updates included). Returns how many differed from the store's record. Asked
-        REFRESH_IN_FLIGHT at a time: one after another, 1,000 containers kept crihook from
-        being ready for as many runtime round trips."""
+    async def refresh_resources(self, only: Collection[str] | None = None) -> int:
+        """Take the resources of the known containers in `only` (None: all) from the runtime
+        (what they run with now, updates included). Returns how many differed from the
+        store's record. Asked REFRESH_IN_FLIGHT at a time: one after another, 1,000
+        containers kept crihook from being ready for as many runtime round trips."""
         differed = 0
-        records = list(self.store.containers.values())
+        records = [r for cid, r in self.store.containers.items() if only is None or cid in only]
         queue = iter(records)
 
         async def worker() -> None:
@@ -197,8 +197,11 @@ class Synchronizer:
             linux = await self.runtime.resources(record.view.id)
         except grpc.aio.AioRpcError:
             return 0  # gone meanwhile: the next reconcile drops it
-        if linux is None or self.store.container(record.view.id) is not record:
+        if self.store.container(record.view.id) is not record:
             return 0  # removed, or replaced by a call, while we waited
+        self.store.unsettled.confirmed(record.view.id)
+        if linux is None:
+            return 0
         recorded = record.view.resources
         res = resources_view(linux, recorded.qos_class)
         if res == recorded:
@@ -209,10 +212,15 @@ class Synchronizer:
         # raised (restrict_oom_score_adj); nothing changes it after: no drift.
         return int(replace(res, oom_score_adj=recorded.oom_score_adj) != recorded)
 
-    async def synchronize(self, reason: str) -> None:
+    async def synchronize(
+        self, reason: str, states: Mapping[str, ContainerState] | None = None
+    ) -> None:
         """Every hook's synchronize; their repairs sent. A hook that fails is logged and
-        counted (it keeps serving: its failure policy applies to calls, not to this)."""
-        states = await self.runtime.all_container_states()
+        counted (it keeps serving: its failure policy applies to calls, not to this).
+        `states`: the containers' states as the runtime listed them just now (None: it is
+        asked)."""
+        if states is None:
+            states = await self.runtime.all_container_states()
         pods, containers = self.store.snapshot()
         report = self.on_sync
         hook_states: dict[str, Any] = {}

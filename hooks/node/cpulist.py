@@ -5,6 +5,7 @@ Pure functions; sysfs readers and hooks that build `cpuset_cpus` / `cpuset_mems`
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -20,6 +21,7 @@ ids built on the event loop."""
 _ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
+@functools.lru_cache(maxsize=256)
 def parse_cpu_list(text: str) -> frozenset[int]:
     """The ids in a cpulist such as ``"0-3,8,10-11"``; ``""`` (or only whitespace) is empty.
 
@@ -27,6 +29,9 @@ def parse_cpu_list(text: str) -> frozenset[int]:
     kernel would not print (a dangling ``-``, a descending range, an empty element, inner
     spaces, the ``a-b:stride/group`` form) or an id above MAX_CPU_ID raises ValueError
     naming the text.
+
+    Cached: a node's containers share a few cpusets (the shared pool's is on most of them),
+    read for each at start-up and on the calls' path; the result is immutable.
     """
     stripped = text.strip()
     if not stripped:

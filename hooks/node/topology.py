@@ -10,6 +10,7 @@ hardware threads, so core ids are unique on the machine (sysfs `core_id` repeats
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -121,11 +122,12 @@ class Topology:
             raise TopologyError("not a topology document: no cpus")
         return cls.build(cpus, memory, offline)
 
-    @property
+    @functools.cached_property
     def online(self) -> frozenset[int]:
+        # Cached (the dataclass is frozen, so it never changes): read on every call's path.
         return frozenset(self.cpus)
 
-    @property
+    @functools.cached_property
     def numa_nodes(self) -> tuple[int, ...]:
         """NUMA nodes with CPUs or memory, ascending."""
         return tuple(sorted({c.numa for c in self.cpus.values()} | set(self.memory)))

@@ -273,6 +273,39 @@ def test_stale_socket_file_is_replaced(fake: FakeRuntime) -> None:
         assert oct(proc.socket_path.stat().st_mode & 0o777) == oct(0o660)
 
 
+def test_the_socket_listens_before_start_up_and_a_call_made_then_is_served(
+    fake: FakeRuntime,
+) -> None:
+    """The socket is bound before crihook loads anything (proxy/early.py): while a hook's
+    start still holds start-up, a client connects, and its call is answered once crihook
+    serves (UNAVAILABLE until ready, or the runtime's answer), not refused."""
+    workdir = short_tmpdir()
+    release, waiting = workdir / "release", workdir / "waiting"
+    config = (
+        '[hooks]\norder = ["10-wait"]\n[hooks.wait]\n'
+        'module = "tests.lab.sample_hooks:WaitAtStart"\n'
+        f'until = "{release}"\nnote = "{waiting}"\n'
+    )
+    proc = CrihookProcess(fake.endpoint, workdir, config=config, hooks=None, data_path="h2")
+    proc.start(wait=False)
+    wait_for(waiting.exists, PATIENCE, "the hook's start")
+    assert proc.socket_path.exists()
+    answers: list[object] = []
+
+    def version() -> None:
+        try:
+            answers.append(_call(proc.endpoint, RUNTIME + "Version", b"", timeout=PATIENCE))
+        except grpc.RpcError as exc:
+            answers.append((exc.code(), (exc.details() or "").split(":")[0]))
+
+    caller = threading.Thread(target=version)
+    caller.start()
+    release.touch()
+    caller.join(PATIENCE)
+    assert answers in ([b""], [(grpc.StatusCode.UNAVAILABLE, "crihook")])
+    proc.stop()
+
+
 def test_live_socket_is_refused_with_a_clear_error(fake: FakeRuntime) -> None:
     workdir = short_tmpdir()
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

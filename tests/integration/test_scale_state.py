@@ -194,3 +194,66 @@ def test_memory_a_large_message_took_is_given_back() -> None:
     finally:
         made.proc.kill()
         made.runtime.stop()
+
+
+def _asked(runtime: MemoryRuntime, since: int) -> list[str]:
+    """The containers whose resources crihook asked the runtime for (ContainerStatus, not
+    verbose: the verbose one rebuilds a record the store lacks), after the first `since`
+    calls."""
+    calls = runtime.calls("ContainerStatus")[since:]
+    requests = [api_pb2.ContainerStatusRequest.FromString(c.request) for c in calls]
+    return sorted(r.container_id for r in requests if not r.verbose)
+
+
+def test_a_restart_asks_the_runtime_only_about_a_container_whose_update_it_missed(
+    node: Node,
+) -> None:
+    """crihook is killed while the runtime has applied an UpdateContainerResources and not
+    answered yet: the record on disk is older than the runtime. The next start takes that
+    container's resources from the runtime, and only that one's (proxy/unsettled.py); a
+    clean restart asks about none."""
+    node.proc.start()
+    with _channel(node.proc) as channel:
+        cids = [node.pod(channel) for _ in range(3)]
+    assert node.proc.stop() == 0
+    since = len(node.runtime.calls("ContainerStatus"))
+    node.proc.start()
+    assert _asked(node.runtime, since) == []
+    target = cids[1]
+    linux = api_pb2.LinuxContainerResources(
+        cpu_period=100000, cpu_shares=512, memory_limit_in_bytes=256 * MiB
+    )
+    node.runtime.slow_next("UpdateContainerResources", PATIENCE)
+    errors: list[grpc.RpcError] = []
+
+    def update() -> None:
+        with _channel(node.proc) as channel:
+            request = api_pb2.UpdateContainerResourcesRequest(container_id=target, linux=linux)
+            try:
+                api_pb2_grpc.RuntimeServiceStub(channel).UpdateContainerResources(
+                    request, timeout=PATIENCE
+                )
+            except grpc.RpcError as exc:  # the kill below
+                errors.append(exc)
+
+    worker = threading.Thread(target=update)
+    worker.start()
+    wait_for(lambda: node.runtime.containers[target].updates, PATIENCE, "the update applied")
+    node.proc.kill()  # before the runtime's answer: the record was never changed
+    worker.join(PATIENCE)
+    assert [e.code() for e in errors] == [grpc.StatusCode.UNAVAILABLE]
+    before = load_state(node.proc.state_dir)["containers"][target]["view"]["resources"]
+    assert before["memory_limit_bytes"] != 256 * MiB
+    since = len(node.runtime.calls("ContainerStatus"))
+    node.proc.start()
+    assert _asked(node.runtime, since) == [target]
+
+    def recorded() -> int:
+        doc = load_state(node.proc.state_dir)["containers"][target]["view"]["resources"]
+        return int(doc["memory_limit_bytes"])
+
+    wait_for(lambda: recorded() == 256 * MiB, PATIENCE, "the runtime's resources recorded")
+    assert node.proc.stop() == 0
+    since = len(node.runtime.calls("ContainerStatus"))
+    node.proc.start()
+    assert _asked(node.runtime, since) == []

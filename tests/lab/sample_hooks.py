@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from crihook.hooks.spec import Adjustment, Hook, HookContext, Reject, ResourceDelta
 
 __all__ = [
@@ -13,6 +16,7 @@ __all__ = [
     "SetShares",
     "SetState",
     "ShrinkOthers",
+    "WaitAtStart",
 ]
 
 
@@ -97,3 +101,16 @@ class RefuseSandbox(Hook):
     async def failed_run_pod_sandbox(self, ctx: HookContext) -> None:
         ctx.state.set("held", [u for u in ctx.state.get("held", []) if u != ctx.pod.uid])
         ctx.state.set("told", [*ctx.state.get("told", []), ctx.failure])
+
+
+class WaitAtStart(Hook):
+    """Holds crihook's start-up in its `start`: makes file `note`, then waits until file
+    `until` exists."""
+
+    async def start(self) -> None:
+        Path(self.options["note"]).touch()
+        while not Path(self.options["until"]).exists():
+            await asyncio.sleep(0.01)
+
+    async def pre_run_pod_sandbox(self, ctx: HookContext) -> None:
+        return None
