@@ -69,6 +69,7 @@ async def measure(pods: int, starts: int, every: int, profile: Path | None) -> f
             about="",
         )
         pipeline, store = await pipeline_cost.build(scenario, Path(tmp) / "state")
+        pipeline.describe_updates = False  # as crihook runs without a recording
         runtime = NewIds()
         pipeline._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
         count = 0
