@@ -8,6 +8,7 @@ pages, so 5 GiB of regular memory each, less the default 100Mi reserved on node 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from crihook.hooks.numa.hook import (
 )
 from crihook.hooks.numa.memory import MEMORY, MemoryState, memory_hints
 from crihook.hooks.numa.saved import SavedNuma, read_saved
+from crihook.hooks.sdk import MemoryState as PluginState
 from crihook.hooks.spec import (
     ContainerKind,
     ContainerState,
@@ -759,3 +761,34 @@ async def test_the_hook_refuses_a_negative_limit_in_both_of_its_create_stages() 
     with pytest.raises(InvalidRequest, match="is negative"):
         await node.begin_create(sandbox, app)
     assert saved(node).assignments == {}  # nothing held for the refused call
+
+
+class CountedState(PluginState):
+    """A HookState counting the bytes of JSON each `set` writes (what the store journals)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def set(self, key: str, value: Any) -> None:
+        self.written += len(json.dumps(value))
+        super().set(key, value)
+
+
+@pytest.mark.parametrize("held", [2, 40], ids=["2-guaranteed", "40-guaranteed"])
+async def test_a_guaranteed_create_writes_its_own_keys_whatever_the_node_holds(held: int) -> None:
+    """Counted, not timed: the state a Guaranteed CreateContainer writes is the same with 40
+    Guaranteed containers on the node as with 2 (it was the whole memory state, every owner
+    and every reservation)."""
+    state = CountedState()
+    node = Node(NumaHook({}), TOPO, state=state)
+    await node.sync()
+    for i in range(held):
+        p = await pod(node, f"g{i}", guaranteed("app", 1000, 64 * MIB))
+        await node.create(p, guaranteed("app", 1000, 64 * MIB), f"c{i}", cpuset="0")
+    p = await pod(node, "new", guaranteed("app", 1000, 64 * MIB))
+    state.written = 0
+    await node.create(p, guaranteed("app", 1000, 64 * MIB), "c-new", cpuset="0")
+    # Its blocks (twice: reserved, then confirmed with its owner), its owner and reservation.
+    assert state.written < 400
+    assert kept(node).owners["c-new"] == ["new", "app"]
