@@ -340,9 +340,13 @@ class ContainerUpdater:
         return any(self._unwalked(walk, container_id, target) for walk in self._walks.values())
 
     def due(self) -> int:
-        """How many containers have an update due or on its way (status.json; the members
-        of group updates not walked yet are not counted)."""
-        return sum(1 for target in self._targets.values() if target.busy())
+        """How many containers have an update due or on its way (status.json), the members
+        group updates have not walked to yet included (0: nothing is left to send)."""
+        busy = sum(1 for target in self._targets.values() if target.busy())
+        for walk in self._walks.values():
+            members = walk.members if walk.members is not None else walk.group.members()
+            busy += len(members) - walk.done
+        return busy
 
     async def settled(self, container_id: str) -> None:
         """Until every update due to this container now was tried (applied, or failed and

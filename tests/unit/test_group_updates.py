@@ -258,3 +258,14 @@ async def test_a_recording_has_the_group_described_member_by_member(tmp_path: Pa
     assert described[0].resources["cpuset_cpus"] == "5"
     runtime.answer.set()
     await until_quiet(updater, ["c1", "c2"])
+
+
+async def test_what_is_due_counts_the_members_not_walked_yet(tmp_path: Path) -> None:
+    """status.json's `updates_due`: what waits for crihook to be idle reads it."""
+    ids, runtime, _, updater = members(tmp_path, 20)
+    runtime.answer.clear()
+    updater.issue([], {}, describe=False, groups=[issued(Pool(ids, "0-1"))])
+    assert updater.due() == 20
+    runtime.answer.set()
+    await until_quiet(updater, ids)
+    assert updater.due() == 0
