@@ -432,7 +432,7 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
     online = topology.online
     cpuset_before = raw_hook_state(proc, "cpuset")
     numa_before = raw_hook_state(proc, "numa")
-    assert not _reservations(cpuset_before) and not numa_before["pending"]
+    assert not _reservations(cpuset_before) and not read_saved(numa_before.items()).pending
     want = take_cpus(topology, online, 1)
     with kubelet_for(proc, containerd) as kubelet:
         handle = run_sandbox(kubelet, guaranteed("refused"), pod_cleanup)
