@@ -2,7 +2,7 @@
 node?
 
     python -m bench.run --node-pods 0,100,500,1000 [--node-pods-updates after-answer]
-                        [--node-pods-measure 50]
+                        [--node-pods-measure 50] [--node-pods-profile DIR]
 
 For each count N: crihook (`--hooks cpuset,numa,oom`) on the 256-CPU, 8-NUMA sysfs fixture
 (tests.lab.sysfs.EPYC_256_8NUMA) in front of the memory runtime (tests.lab.memory_runtime),
@@ -16,13 +16,18 @@ CreateContainer + StartContainer, and reported:
   caused included (the run waits until the runtime saw the last of them);
 - the update window (`crihook_container_update_window_seconds`): from a shared container
   due a new pool until the runtime applied it, over the measured pods (p50, max bucket).
+
+`--node-pods-profile DIR`: py-spy records crihook over the measured pods (and their
+updates), raw stacks in `DIR/<pods>.txt`, the top frames printed (needs py-spy).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -113,6 +118,26 @@ class _Node:
                 seen, quiet_since = now, time.monotonic()
 
 
+def _record(pid: int, profile: Path, pods: int) -> subprocess.Popen[bytes]:
+    """py-spy recording crihook until interrupted."""
+    from bench.profile import py_spy  # bench.profile imports bench.run, which imports us
+
+    profile.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        [py_spy(), "record", "--pid", str(pid), "--nonblocking", "--rate", "250",
+         "--format", "raw", "-o", str(profile / f"{pods}.txt")],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # py-spy attached
+    return spy
+
+
+def _top_frames(raw: Path) -> str:
+    from bench.profile import top_frames
+
+    return top_frames(raw, 30)
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -141,8 +166,11 @@ def _quantile_bound(before: dict[float, float], after: dict[float, float], q: fl
     return float("inf")
 
 
-def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dict[str, Any]:
-    """One count: fill the node with `pods` pods, then time `measure` more."""
+def measure_node(
+    pods: int, measure: int, updates: str, say: Any = print, profile: Path | None = None
+) -> dict[str, Any]:
+    """One count: fill the node with `pods` pods, then time `measure` more (recorded by
+    py-spy into `profile/<pods>.txt` when `profile` is given)."""
     with tempfile.TemporaryDirectory(prefix="np-", dir="/tmp") as tmp:
         workdir = Path(tmp)
         root = write_sysfs(workdir / "sys", EPYC_256_8NUMA)
@@ -178,10 +206,16 @@ def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dic
                 say(f"[node-pods] {pods} pods on the node in {time.monotonic() - began:.1f} s")
                 before, count_before = _window(scrape(metrics))
                 assert proc.proc is not None
+                spy = _record(proc.proc.pid, profile, pods) if profile is not None else None
                 cpu0 = _cpu_seconds(proc.proc.pid)
                 walls = [node.pod_start() for _ in range(measure)]
                 node.settle()
                 cpu = _cpu_seconds(proc.proc.pid) - cpu0  # the updates included
+                if spy is not None:
+                    assert profile is not None
+                    spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded
+                    spy.wait(60)
+                    say(_top_frames(profile / f"{pods}.txt"))
                 after, count_after = _window(scrape(metrics))
         finally:
             proc.stop()
@@ -200,11 +234,13 @@ def measure_node(pods: int, measure: int, updates: str, say: Any = print) -> dic
     }
 
 
-def run_node_pods(counts: list[int], measure: int, updates: str) -> str:
+def run_node_pods(
+    counts: list[int], measure: int, updates: str, profile: Path | None = None
+) -> str:
     """Every count, one after another; a markdown table with the ratios to the count 100."""
     rows = []
     for pods in counts:
-        rows.append(measure_node(pods, measure, updates))
+        rows.append(measure_node(pods, measure, updates, profile=profile))
         print(f"[node-pods] {rows[-1]}", flush=True)
     base = next((r for r in rows if r["pods_on_node"] == 100), None)
     lines = [

@@ -40,7 +40,7 @@ from bench.run import (
 )
 
 
-def _py_spy() -> str:
+def py_spy() -> str:
     local = Path(sys.executable).parent / "py-spy"
     found = str(local) if local.exists() else shutil.which("py-spy")
     if not found:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
             threads_before = thread_ticks(crihook.pid)
             started = time.monotonic()
             subprocess.run(
-                [_py_spy(), "record", *common, "--format", "raw", "-o", f"{stem}.txt"],
+                [py_spy(), "record", *common, "--format", "raw", "-o", f"{stem}.txt"],
                 check=False, stdout=subprocess.DEVNULL,
             )  # fmt: skip
             threads_after = thread_ticks(crihook.pid)

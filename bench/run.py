@@ -1252,6 +1252,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--node-pods-measure", type=int, default=50, metavar="M",
         help="pod starts measured per count for --node-pods (default: %(default)s)",
     )  # fmt: skip
+    p.add_argument(
+        "--node-pods-profile", type=Path, metavar="DIR",
+        help="--node-pods: py-spy records crihook over the measured pods, stacks into DIR",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="write raw results and the summary here")
     p.add_argument("--seed", type=int, default=None, help="cell-order shuffle seed")
     p.add_argument("--crihook-cmd", help="command that runs crihook (default: venv's crihook)")
@@ -1417,7 +1421,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.node_pods:
         counts = [int(n) for n in args.node_pods.split(",")]
-        print(node_pods.run_node_pods(counts, args.node_pods_measure, args.node_pods_updates))
+        print(
+            node_pods.run_node_pods(
+                counts, args.node_pods_measure, args.node_pods_updates, args.node_pods_profile
+            )
+        )
         return 0
     started = time.monotonic()
     load_at_start = [round(x, 2) for x in os.getloadavg()]

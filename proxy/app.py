@@ -192,6 +192,7 @@ class App:
         if logging.getLogger("crihook.proxy.call_log").isEnabledFor(logging.INFO):
             listeners.append(CallLog().outcome)
         self.pipeline.on_outcome = _tell_all(listeners)
+        self.pipeline.describe_updates = self.recorder is not None  # the only reader here
         self.memory_trim = MemoryTrim()
         self.pipeline.after_large = self.memory_trim.after
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon

@@ -18,12 +18,15 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crihook.hooks.node import Topology, TopologyError, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec.hook import DictState
 from crihook.proxy.node_doc import NODE_FILE
 from crihook.proxy.state_cli import liveness, load_state
+
+if TYPE_CHECKING:
+    from crihook.hooks.numa.saved import SavedNuma
 
 __all__ = [
     "GLYPHS",
@@ -460,9 +463,13 @@ def _cpus(
 def _memory_holdings(numa: Mapping[str, Any] | None, draft: _DraftOf) -> None:
     if not numa:
         return
-    entries = (numa.get("memory") or {}).get("entries") or {}
-    owners = {(ref[0], ref[1]): cid for cid, ref in (numa.get("owners") or {}).items()}
-    pending = {tuple(p["ref"]) for p in (numa.get("pending") or {}).values()}
+    try:
+        saved = _numa_saved(numa)
+    except ValueError:
+        return  # said by _node_memory's note
+    entries = (saved.memory or {}).get("entries") or {}
+    owners = {(ref[0], ref[1]): cid for cid, ref in saved.owners.items()}
+    pending = {tuple(p["ref"]) for p in saved.pending.values()}
     for pod_id, names in entries.items():
         for name, blocks in names.items():
             d = draft(pod_id, name)
@@ -475,6 +482,13 @@ def _memory_holdings(numa: Mapping[str, Any] | None, draft: _DraftOf) -> None:
                 d.container_id = d.container_id or cid
             elif (pod_id, name) in pending:
                 d.pending = True
+
+
+def _numa_saved(numa: Mapping[str, Any]) -> SavedNuma:
+    """The numa hook's state, whichever layout it was written in (ValueError: unreadable)."""
+    from crihook.hooks.numa.saved import read_saved
+
+    return read_saved(numa.items())
 
 
 def _node_memory(
@@ -494,8 +508,8 @@ def _node_memory(
         int(n): {str(r): int(v) for r, v in table.items()}
         for n, table in config["reserved"].items()
     }
-    saved = (numa or {}).get("memory")
     try:
+        saved = _numa_saved(numa).memory if numa else None
         memory = (
             MemoryState.from_dict(topo, reserved, saved)
             if saved

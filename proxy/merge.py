@@ -23,6 +23,7 @@ from crihook.hooks.spec.adjustment import (
     Device,
     Field,
     FieldKey,
+    GroupUpdate,
     Mount,
     describe_key,
 )
@@ -32,6 +33,7 @@ from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 __all__ = [
     "ALLOWED_FIELDS",
     "Merger",
+    "PendingGroup",
     "PendingUpdate",
     "apply_change",
     "from_jsonable",
@@ -83,6 +85,14 @@ class PendingUpdate(NamedTuple):
     update: ContainerUpdate
     seq: int
     """When the hook produced it: for one container and field, a later one wins."""
+
+
+class PendingGroup(NamedTuple):
+    """An update to a group of containers a hook asked for (`GroupUpdate`), not sent yet."""
+
+    hook: str
+    group: GroupUpdate
+    seq: int
 
 
 def next_order() -> int:
@@ -156,6 +166,7 @@ class Merger:
         self.owners: dict[FieldKey, str] = {}
         self.values: dict[FieldKey, Any] = {}
         self.updates: list[PendingUpdate] = []
+        self.groups: list[PendingGroup] = []
         self.unapplied: dict[str, str] = {}
         """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
         self.refused: list[dict[str, Any]] = []
@@ -196,6 +207,8 @@ class Merger:
         updates = adjustment.updates
         if updates:
             self.updates.extend(stamp(hook, updates))
+        for group in adjustment.groups:
+            self.groups.append(PendingGroup(hook, group, next(_ORDER)))
 
     def _winners(
         self, hook: str, base_name: str, changes: Iterable[tuple[FieldKey, Any]]

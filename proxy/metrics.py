@@ -178,8 +178,9 @@ class Metrics:
             if verdict == "adjusted" and isinstance(answer, Adjustment):
                 for field in {key[0] for key, _ in answer.change_items()}:
                     self._adjusted[(hook, field.value)] += 1
-                if answer.updates:
-                    self._adjusted[(hook, "container_update")] += len(answer.updates)
+                asked = len(answer.updates) + len(answer.groups)  # a group counts once
+                if asked:
+                    self._adjusted[(hook, "container_update")] += asked
 
     # --- read when scraped -------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -117,6 +117,12 @@ class Permissions:
         updates = adjustment.updates
         if updates:
             denied.extend(self.denied_updates(updates))
+        for group in adjustment.groups:  # its fields, once: not one check per member
+            denied.extend(
+                f"{name} of the containers of {group.key} (an update)"
+                for name in sorted(group.fields)
+                if not self.allows((_DELTA_FIELDS[name], ""))
+            )
         return denied
 
     def denied_updates(self, updates: Iterable[ContainerUpdate]) -> Iterator[str]:

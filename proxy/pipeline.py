@@ -220,6 +220,9 @@ class Pipeline:
             parallel=MAX_PARALLEL if updates_after_answer else WAITED_PARALLEL,
         )
         self.updates_after_answer = updates_after_answer
+        self.describe_updates = True
+        """Describe the updates a call issued in its outcome (`Outcome.updates`): for who
+        reads them (a recording, a replay); O(members) for a group update."""
         self.read_back = ReadBack(runtime, store) if read_back else None
         self._undo = {
             m: runtime.call(method_path("RuntimeService", m))
@@ -644,6 +647,7 @@ class Pipeline:
         `ran` then names the hooks to tell. Any other post-stage failure is reported, never
         undone."""
         updates = list(pre.updates) if pre else []
+        groups = list(pre.groups) if pre else []
         exempt = self.chain.exempt(call.pod)
         if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
             try:
@@ -660,6 +664,7 @@ class Pipeline:
                     trace=outcome.trace,
                 )
                 updates.extend(post.updates)
+                groups.extend(post.groups)
             except HookRejected:
                 if call.event is Event.RUN_POD_SANDBOX:
                     raise
@@ -667,13 +672,15 @@ class Pipeline:
             except CrihookError as exc:
                 # The runtime already did it: a post-stage failure is reported, never undone.
                 log.error("post-%s: %s", call.event.value, exc, extra=call.describe())
-        if updates and not self.chain.settings.dry_run:
+        if (updates or groups) and not self.chain.settings.dry_run:
             if self.updates_after_answer:
-                # What was issued is described only for who listens (recording, replay).
-                listened = self.on_outcome is not None
-                outcome.updates = self.updater.issue(updates, call.describe(), listened)
+                # What was issued is described only for who reads it (recording, replay):
+                # a group's description is one update per member.
+                outcome.updates = self.updater.issue(
+                    updates, call.describe(), self.describe_updates, groups
+                )
             else:
-                outcome.updates = await self.updater.send(updates, call.describe())
+                outcome.updates = await self.updater.send(updates, call.describe(), groups)
 
 
 async def _then(

@@ -224,8 +224,9 @@ class CallRecord(NamedTuple):
     status_origin: str
     hooks: tuple[tuple[Any, ...], ...]
     """Per hook run: hook, stage (its value), verdict, detail, answer, seconds; an
-    Adjustment answer as its changes and updates in two more fields (answer None):
-    `(hook, stage, verdict, detail, None, seconds, changes, updates)`."""
+    Adjustment answer as its changes, updates and group updates (described) in three more
+    fields (answer None): `(hook, stage, verdict, detail, None, seconds, changes, updates,
+    groups)`."""
     updates: Sequence[SentUpdate]
     observed: Sequence[Observation]
 
@@ -236,20 +237,27 @@ class AdjustmentRecord(NamedTuple):
 
     changes: tuple[tuple[Any, Any], ...]
     updates: tuple[Any, ...]
+    groups: tuple[dict[str, Any], ...] = ()
+    """Each GroupUpdate as it describes itself (the hook's state it reads changes later)."""
 
 
 def _run_record(run: tuple[Any, ...]) -> tuple[Any, ...]:
     hook, stage, verdict, detail, answer, seconds = run
     if type(answer) is Adjustment:
         changes = tuple(answer.change_items())
-        return (hook, stage.value, verdict, detail, None, seconds, changes, answer.updates)
+        groups = _group_docs(answer)
+        return (hook, stage.value, verdict, detail, None, seconds, changes, answer.updates, groups)
     return (hook, stage.value, verdict, detail, answer, seconds)
 
 
+def _group_docs(answer: Adjustment) -> tuple[dict[str, Any], ...]:
+    return tuple({"group": g.key, **g.describe()} for g in answer.groups)
+
+
 def _run_of(run: tuple[Any, ...]) -> HookRun:
-    if len(run) == 8:
-        *fields, changes, updates = run
-        fields[4] = AdjustmentRecord(changes, updates)
+    if len(run) == 9:
+        *fields, changes, updates, groups = run
+        fields[4] = AdjustmentRecord(changes, updates, groups)
         run = tuple(fields)
     hook, stage, verdict, detail, answer, seconds = run
     return HookRun(hook, Stage(stage), verdict, detail, answer, seconds)
@@ -415,7 +423,7 @@ def hook_docs(runs: Sequence[HookRun], redactor: Redactor) -> list[dict[str, Any
 
 def _answer(answer: Any, redactor: Redactor) -> Any:
     if isinstance(answer, Adjustment):
-        answer = AdjustmentRecord(tuple(answer.change_items()), answer.updates)
+        answer = AdjustmentRecord(tuple(answer.change_items()), answer.updates, _group_docs(answer))
     if isinstance(answer, AdjustmentRecord):
         changes: dict[str, Any] = {}
         for key, value in answer.changes:
@@ -431,6 +439,8 @@ def _answer(answer: Any, redactor: Redactor) -> Any:
                 {"container_id": u.container_id, "resources": dict(u.resources.items())}
                 for u in answer.updates
             ]
+        if answer.groups:
+            doc["update_groups"] = list(answer.groups)
         return doc
     if isinstance(answer, Mapping):  # hints: resource → TopologyHints
         return {str(resource): _hints(hints) for resource, hints in answer.items()}

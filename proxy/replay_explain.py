@@ -43,12 +43,12 @@ def explain(report: ReplayReport, hook: str) -> list[str]:
     for result in results:
         entry = result.entry
         assert isinstance(entry, CallEntry)
-        runs = (result.updated or entry.doc).get("hooks", [])
-        for run in runs:
+        doc = result.updated or entry.doc
+        for run in doc.get("hooks", []):
             if _NN.sub("", str(run.get("hook", ""))) != wanted:
                 continue
             ran = True
-            lines = _run_lines(entry, run, names)
+            lines = _run_lines(entry, run, names, doc.get("updates", []))
             if lines:
                 key = (str(entry.doc.get("pod", "")), str(entry.doc.get("container", "")))
                 groups.setdefault(key, []).extend(lines)
@@ -62,7 +62,14 @@ def explain(report: ReplayReport, hook: str) -> list[str]:
     return out
 
 
-def _run_lines(entry: CallEntry, run: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+def _run_lines(
+    entry: CallEntry,
+    run: Mapping[str, Any],
+    names: Mapping[str, str],
+    issued: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """`issued`: the call's updates, member by member: what the hook's group updates
+    (`update_groups`: every container of a pool) moved."""
     stage, verdict = str(run.get("stage", "")), str(run.get("verdict", ""))
     detail = str(run.get("detail", ""))
     answer = run.get("answer")
@@ -80,6 +87,15 @@ def _run_lines(entry: CallEntry, run: Mapping[str, Any], names: Mapping[str, str
     for update in updates:
         target = names.get(update.get("container_id", ""), str(update.get("container_id", ""))[:12])
         lines.append(f"    moves: {target} {_fields(update.get('resources', {}))}")
+    groups = answer.get("update_groups", []) if isinstance(answer, Mapping) else []
+    if groups:
+        own = {u.get("container_id") for u in updates}
+        for update in issued:
+            cid = update.get("container_id", "")
+            if cid in own or run.get("hook") not in update.get("hooks", ()):
+                continue
+            target = names.get(cid, str(cid)[:12])
+            lines.append(f"    moves: {target} {_fields(update.get('changed', {}))}")
     if detail:
         lines.append(f"    why: {detail}")
     return lines

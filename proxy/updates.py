@@ -22,6 +22,13 @@ due (unless something newer is due) and are sent again after a backoff (0.2 s do
 container is gone (the reconcile forgets it). An update is a whole set of resources, so
 sending it again does what sending it once does.
 
+A group update (`GroupUpdate`: every container of a shared pool) is issued in O(1): the
+workers walk its members in the background, a few at a time, and ask the group for each
+container's resources only when they send them, so a container due several of the group's
+updates meanwhile is sent the newest only, and one whose record already shows it is sent
+nothing. A later call for a container the walk has not reached yet waits as for any update:
+its update is marked due at once, first in line.
+
 `window`: seconds from when a container was due new resources until the runtime applied
 them: the time a shared container can still run on a CPU just handed out exclusively.
 """
@@ -41,13 +48,13 @@ from typing import Any, NamedTuple
 import grpc
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.spec import ContainerUpdate, ContainerView, ResourceDelta
+from crihook.hooks.spec import ContainerUpdate, ContainerView, GroupUpdate, ResourceDelta
 from crihook.hooks.spec.views import resources_updated
 from crihook.proxy.histogram import Histogram
-from crihook.proxy.merge import PendingUpdate, next_order
+from crihook.proxy.merge import PendingGroup, PendingUpdate, next_order
 from crihook.proxy.methods import method_path
 from crihook.proxy.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
-from crihook.proxy.store import Store
+from crihook.proxy.store import ContainerRecord, Store
 
 __all__ = [
     "MAX_PARALLEL",
@@ -75,6 +82,8 @@ WINDOW_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 """Seconds: from due to applied; kubelet's own CPU manager lives with up to 10 s."""
+WALK_STEP = 16
+"""Members of a group update marked due at a time, as the queue runs dry."""
 _UPDATE_PATH = method_path("RuntimeService", "UpdateContainerResources")
 
 
@@ -82,6 +91,23 @@ class _Due(NamedTuple):
     value: Any
     seq: int
     hook: str
+    group: GroupUpdate | None = None
+    """Set: the value is the group's, asked when it goes out (`value` is None until then)."""
+
+
+@dataclass(eq=False)
+class _Walk:
+    """A group update whose members are being marked due, in the background."""
+
+    hook: str
+    group: GroupUpdate
+    seq: int
+    since: float
+    """When its oldest update not walked yet was issued (the members' window starts there)."""
+    extra: Mapping[str, str]
+    members: list[str] | None = None
+    """Taken when the walk begins (a worker's, not the call's, work)."""
+    done: int = 0
 
 
 @dataclass(eq=False)
@@ -147,6 +173,11 @@ class ContainerUpdater:
         still on its way to one is answered NOT_FOUND, and that is no failure."""
         self._starting: dict[str, asyncio.Event] = {}
         """Containers the runtime is starting now: their updates wait (`starting`)."""
+        self._walks: dict[tuple[str, str], _Walk] = {}
+        """(hook, group key) → the newest update of that group whose members are not all
+        marked due yet."""
+        self.built = 0
+        """Update requests built (sent, or described): what a group update saves is counted."""
         self.failures = 0
         self.window = Histogram(WINDOW_BUCKETS)
 
@@ -177,13 +208,23 @@ class ContainerUpdater:
 
     # --- issuing ---------------------------------------------------------------------------
     def issue(
-        self, updates: Iterable[PendingUpdate], extra: Mapping[str, str], describe: bool = True
+        self,
+        updates: Iterable[PendingUpdate],
+        extra: Mapping[str, str],
+        describe: bool = True,
+        groups: Iterable[PendingGroup] = (),
     ) -> list[SentUpdate]:
-        """Queue every update (the newest per container and field) and return at once what
-        was issued: per target, the request as it would go out now, status None (with
-        `describe` False, nothing: no one reads it). `extra`: the log fields of the call
-        that produced them."""
+        """Queue every update (the newest per container and field) and every group update
+        (walked later) and return at once what was issued: per target, the request as it
+        would go out now, status None (with `describe` False, nothing: no one reads it; a
+        group is described member by member). `extra`: the log fields of the call that
+        produced them."""
         now = time.monotonic()
+        described: dict[str, SentUpdate] = {}
+        for pending in groups:
+            walk = self._walk(pending, extra, now)
+            if describe:
+                described.update(self._described_group(walk))
         issued: dict[str, dict[str, _Due]] = {}
         for hook, update, seq in sorted(updates, key=lambda p: p.seq):
             cid = update.container_id
@@ -205,21 +246,59 @@ class ContainerUpdater:
                 self._enqueue(target)
         if not describe:
             return []
-        return [
-            self._as_issued(self._targets[cid], fields) for cid, fields in sorted(issued.items())
-        ]
+        described.update(
+            (cid, self._as_issued(self._targets[cid], fields)) for cid, fields in issued.items()
+        )
+        return [described[cid] for cid in sorted(described)]
+
+    def _walk(self, pending: PendingGroup, extra: Mapping[str, str], now: float) -> _Walk:
+        """A group update issued: its walk (begun anew when the group had one going)."""
+        hook, group, seq = pending
+        key = (hook, group.key)
+        before = self._walks.get(key)
+        since = before.since if before is not None and before.seq < seq else now
+        walk = self._walks[key] = _Walk(hook, group, seq, since, extra)
+        if before is not None and before.seq > seq:
+            self._walks[key] = before  # issued out of order: the newer stays
+            return walk
+        self._wake()
+        return walk
+
+    def _described_group(self, walk: _Walk) -> Iterator[tuple[str, SentUpdate]]:
+        """A group update as the per-container updates it stands for now (a recording's)."""
+        for cid in walk.group.members():
+            target = self._targets.get(cid)
+            applied = target.applied if target is not None else {}
+            delta = walk.group.delta(cid)
+            if delta is None:
+                continue
+            changed = {n: v for n, v in delta.items() if applied.get(n, 0) < walk.seq}
+            if not changed:
+                continue
+            due = {n: d.value for n, d in target.due.items() if d.group is None} if target else {}
+            record = self._store.container(cid)
+            request = self._build(cid, ResourceDelta(**{**due, **changed}), record)
+            yield cid, SentUpdate(cid, _sent(request), changed, [walk.hook], None)
 
     async def send(
-        self, updates: Iterable[PendingUpdate], extra: Mapping[str, str]
+        self,
+        updates: Iterable[PendingUpdate],
+        extra: Mapping[str, str],
+        groups: Iterable[PendingGroup] = (),
     ) -> list[SentUpdate]:
         """Issue every update and wait until each target's was tried; returns what was sent
         (the runtime's answer in `status`), by container id. For a start's or a reconcile's
-        repairs, and the `before-answer` setting."""
+        repairs, and the `before-answer` setting (a group's members are all marked due at
+        once: the call waits for each)."""
+        walks = [self._walk(pending, extra, time.monotonic()) for pending in groups]
         issued = self.issue(updates, extra)
+        ids = {u.container_id for u in issued}
+        for walk in walks:
+            ids.update(self._walk_all(walk))
         waits = [
             (target, max(target.newest_due(), target.sending))
-            for target in (self._targets.get(u.container_id) for u in issued)
-            if target is not None
+            for target in (self._targets.get(cid) for cid in sorted(ids))
+            if target is not None and target.busy()
         ]
         for target, _ in waits:  # waited for from now: each attempt keeps what it sent
             if target.settled is None:
@@ -235,31 +314,61 @@ class ContainerUpdater:
         """What goes out for these fields: the record with everything due on top (what an
         update issued earlier and not sent yet sets, too), as it will be once sent."""
         container_id = target.container_id
-        delta = ResourceDelta(**{name: due.value for name, due in target.due.items()})
+        due = {n: d.value for n, d in target.due.items() if d.group is None}
+        delta = ResourceDelta(**due)
         record = self._store.container(container_id)
-        request = build_update_request(
-            ContainerUpdate(container_id, delta), record.view if record else None
-        )
+        request = self._build(container_id, delta, record)
         changed = {name: due.value for name, due in fields.items()}
         hooks = sorted({due.hook for due in fields.values()})
         return SentUpdate(container_id, _sent(request), changed, hooks, None)
 
+    def _build(
+        self, container_id: str, delta: ResourceDelta, record: ContainerRecord | None
+    ) -> api_pb2.UpdateContainerResourcesRequest:
+        """The request for `delta` on top of the container's record (None: unknown)."""
+        self.built += 1
+        view = record.view if record is not None else None
+        return build_update_request(ContainerUpdate(container_id, delta), view)
+
     # --- what later calls wait for ---------------------------------------------------------
     def pending(self, container_id: str) -> bool:
-        """An update to this container is due or on its way."""
+        """An update to this container is due or on its way (a group's not walked to it yet
+        included)."""
         target = self._targets.get(container_id)
-        return target is not None and target.busy()
+        if target is not None and target.busy():
+            return True
+        return any(self._unwalked(walk, container_id, target) for walk in self._walks.values())
 
     def due(self) -> int:
-        """How many containers have an update due or on its way (status.json)."""
-        return sum(1 for target in self._targets.values() if target.busy())
+        """How many containers have an update due or on its way (status.json), the members
+        group updates have not walked to yet included (0: nothing is left to send)."""
+        busy = sum(1 for target in self._targets.values() if target.busy())
+        for walk in self._walks.values():
+            members = walk.members if walk.members is not None else walk.group.members()
+            busy += len(members) - walk.done
+        return busy
 
     async def settled(self, container_id: str) -> None:
         """Until every update due to this container now was tried (applied, or failed and
         due again later). Returns at once when none is."""
         target = self._targets.get(container_id)
+        for walk in list(self._walks.values()):
+            if self._unwalked(walk, container_id, target):
+                target = self._mark(walk, container_id, first=True)
         if target is not None and target.busy():
             await self._settled(target, max(target.newest_due(), target.sending))
+
+    @staticmethod
+    def _unwalked(walk: _Walk, container_id: str, target: _Target | None) -> bool:
+        """`walk`'s group is due to this container and has not marked it yet."""
+        applied = target.applied if target is not None else {}
+        if all(applied.get(name, 0) >= walk.seq for name in walk.group.fields):
+            return False
+        if target is not None and all(
+            name in target.due and target.due[name].seq >= walk.seq for name in walk.group.fields
+        ):
+            return False
+        return walk.group.delta(container_id) is not None
 
     async def _settled(self, target: _Target, want: int) -> None:
         while target.tried < want and (target.sending or not target.gone) and not self._closed:
@@ -305,21 +414,102 @@ class ContainerUpdater:
         self._attempt_ended(target)
 
     # --- the workers -----------------------------------------------------------------------
-    def _enqueue(self, target: _Target) -> None:
+    def _enqueue(self, target: _Target, first: bool = False) -> None:
         if target.queued or target.sending or target.retry is not None or self._closing:
             return  # queued, or its worker / its retry takes the new fields along
         target.queued = True
-        self._queue.append(target)
-        if len(self._workers) < self._parallel and len(self._workers) < len(self._queue):
-            task = asyncio.create_task(self._work(), name=f"crihook-updates-{next(self._names)}")
-            self._workers.add(task)
-            task.add_done_callback(self._workers.discard)
+        if first:
+            self._queue.appendleft(target)
+        else:
+            self._queue.append(target)
+        self._wake()
+
+    def _wake(self) -> None:
+        """A worker more, while there is work (queued targets, or walks) no worker has."""
+        work = len(self._queue) + len(self._walks)
+        if self._closing or len(self._workers) >= min(self._parallel, work):
+            return
+        task = asyncio.create_task(self._work(), name=f"crihook-updates-{next(self._names)}")
+        self._workers.add(task)
+        task.add_done_callback(self._workers.discard)
+
+    # --- group updates: their members marked due a few at a time ---------------------------
+    def _mark(self, walk: _Walk, container_id: str, first: bool = False) -> _Target:
+        """`walk`'s group due to this container: its value is asked when it goes out."""
+        target = self._targets.get(container_id)
+        if target is None:
+            target = self._targets[container_id] = _Target(container_id)
+        marked = False
+        for name in walk.group.fields:
+            if walk.seq <= target.applied.get(name, 0):
+                continue
+            current = target.due.get(name)
+            if current is not None and current.seq >= walk.seq:
+                continue
+            target.due[name] = _Due(None, walk.seq, walk.hook, walk.group)
+            marked = True
+        if marked:
+            target.due_since = min(walk.since, target.due_since or walk.since)
+            target.extra = walk.extra
+            if first and target.queued:  # somebody waits: it goes next
+                with contextlib.suppress(ValueError):
+                    self._queue.remove(target)
+                target.queued = False
+            self._enqueue(target, first)
+        return target
+
+    def _walk_some(self) -> None:
+        """Mark the next WALK_STEP members of the oldest walk due."""
+        key, walk = next(iter(self._walks.items()))
+        if walk.members is None:
+            walk.members = walk.group.members()
+        end = min(walk.done + WALK_STEP, len(walk.members))
+        for cid in walk.members[walk.done : end]:
+            self._mark(walk, cid)
+        walk.done = end
+        if end >= len(walk.members) and self._walks.get(key) is walk:
+            del self._walks[key]
+
+    def _walk_all(self, walk: _Walk) -> list[str]:
+        """Every member of `walk` marked due now (a call that waits for them all)."""
+        members = walk.group.members()
+        for cid in members:
+            self._mark(walk, cid)
+        key = (walk.hook, walk.group.key)
+        if self._walks.get(key) is walk:
+            del self._walks[key]
+        return members
+
+    def _resolved(self, target: _Target) -> dict[str, _Due]:
+        """What is due to `target` with the groups' values asked now (from the newest update
+        of each group): fields a group no longer sets for it are dropped."""
+        fields: dict[str, _Due] = {}
+        asked: dict[int, ResourceDelta | None] = {}
+        for name, due in target.due.items():
+            group = due.group
+            if group is not None:
+                newest = self._walks.get((due.hook, group.key))
+                if newest is not None and newest.seq > due.seq:
+                    group, due = newest.group, due._replace(seq=newest.seq, group=newest.group)
+                if id(group) not in asked:
+                    asked[id(group)] = group.delta(target.container_id)
+                delta = asked[id(group)]
+                value = getattr(delta, name) if delta is not None else None
+                if value is None:
+                    continue
+                due = _Due(value, due.seq, due.hook)
+            if due.seq > target.applied.get(name, 0):
+                fields[name] = due
+        return fields
 
     async def _work(self) -> None:
-        """Send to queued targets until the queue is empty."""
+        """Send to queued targets until the queue is empty and every walk is done."""
         idle = self._calls_idle
         try:
-            while self._queue:
+            while self._queue or self._walks:
+                if not self._queue:
+                    self._walk_some()
+                    continue
                 # Still marked queued while it lets calls go first: what is due meanwhile
                 # goes out with it. One somebody waits for goes at once.
                 target = self._queue.popleft()
@@ -344,11 +534,17 @@ class ContainerUpdater:
 
     async def _attempt(self, target: _Target) -> None:
         cid = target.container_id
-        fields = {n: d for n, d in target.due.items() if d.seq > target.applied.get(n, 0)}
-        covered = target.newest_due()
+        grouped = any(d.group is not None for d in target.due.values())
+        fields = self._resolved(target)
+        covered = max([target.newest_due(), *(d.seq for d in fields.values())])
         since, extra = target.due_since, target.extra
         target.due = {}
         target.due_since = 0.0
+        record = self._store.container(cid)
+        if grouped and fields and record is not None and _shows(record.view, fields):
+            for name, due in fields.items():  # it has them already (created with them)
+                target.applied[name] = max(target.applied.get(name, 0), due.seq)
+            fields = {}
         if not fields:  # everything due was overtaken meanwhile
             target.tried = max(target.tried, covered)
             target.result = None
@@ -358,8 +554,7 @@ class ContainerUpdater:
         delta = ResourceDelta(**{name: due.value for name, due in fields.items()})
         hooks = sorted({due.hook for due in fields.values()})
         changed = {name: due.value for name, due in fields.items()}
-        record = self._store.container(cid)
-        request = build_update_request(ContainerUpdate(cid, delta), record.view if record else None)
+        request = self._build(cid, delta, record)
         status: Status | None = None
         try:
             await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
@@ -521,6 +716,8 @@ class ContainerUpdater:
         """Let what is due go out for up to `timeout` seconds, then stop the workers. Returns
         how many containers were left with an update not sent (logged): the next start's
         synchronize derives them again from the hooks' state."""
+        for walk in list(self._walks.values()):  # what they stand for is due now
+            self._walk_all(walk)
         for target in self._targets.values():
             if target.retry is not None:  # a last try now, rather than never
                 target.retry.cancel()
@@ -546,6 +743,18 @@ class ContainerUpdater:
         for target in list(self._targets.values()):
             self._attempt_ended(target)  # nobody waits on a closed updater
         return len(left)
+
+
+def _shows(view: ContainerView, fields: Mapping[str, _Due]) -> bool:
+    """The container's record already has every due value (nothing to send)."""
+    res = view.resources
+    return all(
+        getattr(res, _VIEW_NAMES.get(name, name), None) == due.value for name, due in fields.items()
+    )
+
+
+_VIEW_NAMES = {"memory_limit_in_bytes": "memory_limit_bytes"}
+"""ResourceDelta field → ResourcesView field, where the names differ."""
 
 
 def _name(view: ContainerView | None) -> str:

@@ -50,6 +50,7 @@ from crihook.hooks.cpus.koordinator import (
 from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_options
 from crihook.hooks.cpus.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpus.pool import CpuPool, Holder, reservation_key
+from crihook.hooks.cpus.pool_update import PoolUpdate
 from crihook.hooks.cpus.reconcile import desired_cpus, reconcile
 from crihook.hooks.cpus.rules import bubble_cpus, exclusive_cpus, slice_cpus
 from crihook.hooks.node import Host, Topology, format_cpu_list, parse_cpu_list
@@ -561,13 +562,12 @@ class CpuLedger(Hook):
         pool = self.pool
         shared = pool.shared_pool() - cpus
         be = pool.be_pool() - (frozenset() if be_shares else cpus)
-        for cid in pool.shared_members(None):
-            holder = pool.containers[cid]
-            left = be if holder.pool == BE_POOL else shared
-            if holder.numa:
-                left &= pool.topology.cpus_in_numa(holder.numa)
+        for runs_on, numa in pool.member_keys():  # a few pools, however many containers
+            left = be if runs_on == BE_POOL else shared
+            if numa:
+                left &= pool.topology.cpus_in_numa(numa)
             if not left:
-                name = "BE pool" if holder.pool == BE_POOL else "shared pool"
+                name = "BE pool" if runs_on == BE_POOL else "shared pool"
                 raise Reject(
                     f"{what}: {len(cpus)} exclusive CPUs would leave the node's {name} empty, "
                     "and other containers run on it (reserve CPUs with [hooks.cpuset] "
@@ -619,26 +619,26 @@ class CpuLedger(Hook):
         self, pod: str | None, adjustment: Adjustment | None = None, *, be_changed: bool = True
     ) -> Adjustment | None:
         """Move the containers of a shared pool (the node's, or a bubble's) onto it as it is
-        now. Added to `adjustment`, or a new one; None when nobody runs on it."""
+        now. Added to `adjustment`, or a new one; None when nobody runs on it. The node's
+        pools: one group update each (`PoolUpdate`), whatever the number of containers on
+        them; a bubble's: an update per container of its pod."""
         pool = self.pool
-        members = pool.shared_members(pod)
-        if not members:
-            return adjustment
-        out = adjustment if adjustment is not None else Adjustment()
         if pod is not None:
+            members = pool.shared_members(pod)
+            if not members:
+                return adjustment
+            out = adjustment if adjustment is not None else Adjustment()
             bubble = ResourceDelta(cpuset_cpus=format_cpu_list(pool.bubble_shared_pool(pod)))
             for cid in members:
                 out.update_container(cid, bubble)
             return out
-        deltas: dict[tuple[str, frozenset[int]], ResourceDelta] = {}
-        for cid in members:  # the node's pools: the shared pool, the BE pool, NUMA-narrowed
-            holder = pool.containers[cid]
-            if holder.pool == BE_POOL and not be_changed:
-                continue
-            key = (holder.pool, holder.numa)
-            if key not in deltas:
-                deltas[key] = ResourceDelta(cpuset_cpus=pool.member_text(holder))
-            out.update_container(cid, deltas[key])
+        names = [SHARED_POOL, BE_POOL] if be_changed else [SHARED_POOL]
+        names = [name for name in names if pool.has_members(name)]
+        if not names:
+            return adjustment
+        out = adjustment if adjustment is not None else Adjustment()
+        for name in names:
+            out.update_group(PoolUpdate(pool, name))
         return out
 
 

@@ -29,7 +29,9 @@ runtime, so a restart adopts it as it was (`reconcile`). The many shared contain
 node then change no state.
 
 What a call asks of the pool does not walk the node: holders are indexed by pod (a pod's
-holders, its earlier attempts), and the node's pools are kept until CPUs change hands.
+holders, its earlier attempts), the node's pools are kept until CPUs change hands, the BE
+pool is kept from counts of lent and kept CPUs, and the shared containers are counted per
+pool they run on (`member_keys`): only an update's walk in the background lists them.
 """
 
 from __future__ import annotations
@@ -130,6 +132,11 @@ class Holder:
         )
 
 
+def _member(holder: Holder) -> bool:
+    """A running node-level container without CPUs of its own: it runs on a node pool."""
+    return not holder.cpus and not holder.stopped and not holder.in_bubble
+
+
 def _pool_name(value: object) -> str:
     if value not in (SHARED_POOL, BE_POOL):
         raise ValueError(f"unknown pool {value!r}")
@@ -184,6 +191,13 @@ class CpuPool:
     """The BE pool, kept as `_pools` is."""
     _by_pod: dict[str, dict[str, None]] = field(default_factory=dict)
     """Pod id → the keys of its holders (container ids and reservation keys)."""
+    _members: Counter[tuple[str, frozenset[int]]] = field(default_factory=Counter)
+    """(pool name, NUMA nodes) → how many running node-level containers without CPUs of
+    their own run on it."""
+    _lent: Counter[int] = field(default_factory=Counter)
+    """Scheduled CPUs BE pods may share (an LSR pod's), by holders holding them."""
+    _kept: Counter[int] = field(default_factory=Counter)
+    """CPUs no BE pod may run on: bubbles' and other node-level holders' CPUs."""
 
     # --- reading -----------------------------------------------------------------------------
     def held(self) -> frozenset[int]:
@@ -207,13 +221,8 @@ class CpuPool:
         return self._be
 
     def _be_pool(self) -> frozenset[int]:
-        lent: set[int] = set()
-        kept: set[int] = {c for b in self.bubbles.values() for c in b.cpus}
-        for holder in self._holders():
-            if holder.in_bubble or not holder.cpus:
-                continue
-            (lent if holder.be_shares else kept).update(holder.cpus)
-        return self.shared_pool() | frozenset(lent - kept)
+        kept = self._kept
+        return self.shared_pool() | frozenset(c for c in self._lent if c not in kept)
 
     def pool_cpus(self, name: str) -> frozenset[int]:
         """The CPUs of a node pool by name (`shared` or `be`)."""
@@ -278,14 +287,28 @@ class CpuPool:
                     yield key, holder
 
     def shared_members(self, pod: str | None = None) -> list[str]:
-        """Container ids running on a shared pool: the node's (pod None) or a bubble's."""
-        return [
-            cid
-            for cid, h in self.containers.items()
-            if not h.cpus
-            and not h.stopped
-            and (h.in_bubble and h.pod == pod if pod is not None else not h.in_bubble)
-        ]
+        """Container ids running on a shared pool: the node's (pod None: every container's
+        walked, for an update's walk in the background) or a bubble's (its pod's)."""
+        if pod is not None:
+            return [
+                key
+                for key, h in self.pod_holders(pod)
+                if key in self.containers and not h.cpus and not h.stopped and h.in_bubble
+            ]
+        return [cid for cid, h in self.containers.items() if _member(h)]
+
+    def pool_members(self, name: str) -> list[str]:
+        """Container ids running on the node pool `name` (walks every container)."""
+        return [cid for cid, h in self.containers.items() if _member(h) and h.pool == name]
+
+    def member_keys(self) -> list[tuple[str, frozenset[int]]]:
+        """The node pools (name, NUMA nodes) running containers without CPUs of their own
+        run on: a few, however many containers."""
+        return list(self._members)
+
+    def has_members(self, name: str) -> bool:
+        """Some running container runs on the node pool `name`."""
+        return any(key[0] == name for key in self._members)
 
     def attempt_cpus(self, pod: str, name: str) -> frozenset[int]:
         """The exclusive CPUs the latest earlier attempt of a container still holds (empty:
@@ -330,6 +353,7 @@ class CpuPool:
         self.state.delete(_PENDING + key)
         self._unindex(holder.pod, key)
         self.containers[container_id] = holder
+        self._enter(holder)
         self._index(holder.pod, container_id)
         self._persist(_CONTAINER + container_id, holder)
         return holder
@@ -338,6 +362,7 @@ class CpuPool:
         """Set a container's holder directly (adopted at synchronize)."""
         self._drop(container_id)
         self.containers[container_id] = holder
+        self._enter(holder)
         self._index(holder.pod, container_id)
         self._hold(holder)
         self._persist(_CONTAINER + container_id, holder)
@@ -368,6 +393,7 @@ class CpuPool:
         before = self.held()
         self._unhold(holder)
         stopped = replace(holder, cpus=frozenset(), stopped=True)
+        self._leave(holder)
         self.containers[container_id] = stopped
         self._persist(_CONTAINER + container_id, stopped)
         return before - self.held()
@@ -378,6 +404,7 @@ class CpuPool:
         bubble = Bubble(uid, cpus, pending=True)
         self.bubbles[key] = bubble
         self._refs.update(cpus)
+        self._kept.update(cpus)
         self._changed()
         self.state.set(_BUBBLE + key, bubble.to_dict())
 
@@ -397,6 +424,8 @@ class CpuPool:
         before = self.held()
         self._refs.subtract(bubble.cpus)
         self._refs = +self._refs  # drop zero counts
+        self._kept.subtract(bubble.cpus)
+        self._kept = +self._kept
         self._changed()
         self.state.delete(_BUBBLE + key)
         return before - self.held()
@@ -409,6 +438,9 @@ class CpuPool:
         self.bubbles.clear()
         self._by_pod.clear()
         self._refs.clear()
+        self._members.clear()
+        self._lent.clear()
+        self._kept.clear()
         self._changed()
         bad = []
         for key, doc in self.state.items():
@@ -416,6 +448,7 @@ class CpuPool:
                 if key.startswith(_CONTAINER):
                     holder = Holder.from_dict(doc)
                     self.containers[key[len(_CONTAINER) :]] = holder
+                    self._enter(holder)
                     self._index(holder.pod, key[len(_CONTAINER) :])
                     self._hold(holder)
                 elif key.startswith(_PENDING):
@@ -427,6 +460,7 @@ class CpuPool:
                     bubble = Bubble.from_dict(doc)
                     self.bubbles[key[len(_BUBBLE) :]] = bubble
                     self._refs.update(bubble.cpus)
+                    self._kept.update(bubble.cpus)
                 else:
                     raise KeyError(key)
             except (KeyError, TypeError, ValueError):
@@ -454,17 +488,37 @@ class CpuPool:
     def _hold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.update(holder.cpus)
+            (self._lent if holder.be_shares else self._kept).update(holder.cpus)
             self._changed()  # the pools depend on node-level holders with CPUs only
 
     def _unhold(self, holder: Holder) -> None:
         if not holder.in_bubble and holder.cpus:
             self._refs.subtract(holder.cpus)
             self._refs = +self._refs
+            if holder.be_shares:
+                self._lent.subtract(holder.cpus)
+                self._lent = +self._lent
+            else:
+                self._kept.subtract(holder.cpus)
+                self._kept = +self._kept
             self._changed()
+
+    def _enter(self, holder: Holder) -> None:
+        """A container's holder set: counted on its pool when it runs on one."""
+        if _member(holder):
+            self._members[(holder.pool, holder.numa)] += 1
+
+    def _leave(self, holder: Holder) -> None:
+        if _member(holder):
+            key = (holder.pool, holder.numa)
+            self._members[key] -= 1
+            if self._members[key] <= 0:
+                del self._members[key]
 
     def _drop(self, key: str) -> None:
         holder = self.containers.pop(key, None)
         if holder is not None:
+            self._leave(holder)
             self.state.delete(_CONTAINER + key)
         else:
             holder = self.pending.pop(key, None)

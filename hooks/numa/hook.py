@@ -27,6 +27,8 @@ NUMA node as kubelet's memory manager (Static policy) does it.
   reserved in the pre stage and given back if the runtime does not apply it; a shrink gives
   memory back once the runtime applied it.
 - Like the cpuset hook it places exempt pods' containers too.
+- Its state is a key per container (`saved.py`): a call writes the keys of its pod and
+  container, never the whole node's.
 """
 
 from __future__ import annotations
@@ -45,10 +47,19 @@ from crihook.hooks.numa.memory import (
     MemoryAllocationError,
     MemoryState,
     allocate,
+    blocks_doc,
     hugepage_resource,
     memory_hints,
     release,
     resize,
+)
+from crihook.hooks.numa.saved import (
+    OLD_KEYS,
+    OWNER_KEY,
+    PENDING_KEY,
+    RESIZING,
+    memory_key,
+    read_saved,
 )
 from crihook.hooks.spec import (
     Adjustment,
@@ -76,7 +87,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RESERVED = "100Mi"
 _KEYS = {"reserved_memory", "resize_exclusive_memory"}
-_STATE, _OWNERS, _PENDING, _RESIZING = "memory", "owners", "pending", "resizing"
 _QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -167,6 +177,8 @@ class NumaHook(Hook):
         self._resizing: dict[str, dict[str, int]] = {}
         """Container id → {"from": bytes, "to": bytes}: an in-place resize of its memory the
         runtime has not answered yet (a growth is held already, a shrink not given back)."""
+        self._written: dict[str, set[str]] = {}
+        """Pod id → the container names whose memory keys are in the state."""
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -190,16 +202,26 @@ class NumaHook(Hook):
             empty = MemoryState.build(node, reserved)
         except ValueError as exc:
             raise ValueError(f"numa: reserved_memory: {exc}") from None
-        saved = state.get(_STATE)
         memory = empty
-        if saved:
+        try:
+            saved = read_saved(state.items())
+        except ValueError as exc:
+            log.error("numa: the saved state is unusable (%s); rebuilt empty", exc)
+            return memory
+        if saved.memory:
             try:
-                memory = MemoryState.from_dict(node, reserved, saved)
+                memory = MemoryState.from_dict(node, reserved, saved.memory)
             except ValueError as exc:
                 log.error("numa: the saved memory state is unusable (%s); rebuilt empty", exc)
-        self._owners = dict(state.get(_OWNERS, {}))
-        self._pending = dict(state.get(_PENDING, {}))
-        self._resizing = dict(state.get(_RESIZING, {}))
+        self._owners = saved.owners
+        self._pending = saved.pending
+        self._resizing = saved.resizing
+        if saved.old_layout:  # written whole by an earlier crihook: a key per container now
+            for key in OLD_KEYS:
+                state.delete(key)
+        self._written = {
+            pod: set(names) for pod, names in ((saved.memory or {}).get("entries") or {}).items()
+        }
         return memory
 
     def _reconcile(self, sync: SyncContext) -> list[ContainerUpdate]:
@@ -225,7 +247,7 @@ class NumaHook(Hook):
             for container in sync.containers:
                 if container.id not in self._owners:
                     self._adopt(container, sync.container_states.get(container.id))
-            self._save()
+            self._save_all()
         updates = []
         for cid, container in live.items():
             if sync.container_states.get(cid) not in _LIVE:
@@ -288,25 +310,28 @@ class NumaHook(Hook):
             raise Reject(f"{where}: {_misfit(memory, requests, nodes)}: {exc}") from None
         key = _key(ctx.pod.id, container.name, container.attempt)
         self._pending[key] = {"ref": [ref.pod, ref.name], "new": not allocation.existing}
-        self._save()
+        self._save(pod=ref.pod, pending=key)
         return Adjustment().set_cpuset_mems(format_cpu_list(allocation.nodes))
 
     async def post_create_container(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
-        pending = self._pending.pop(_key(ctx.pod.id, container.name, container.attempt), None)
+        key = _key(ctx.pod.id, container.name, container.attempt)
+        pending = self._pending.pop(key, None)
         if pending is not None:
-            self._owners[ctx.response.container_id] = pending["ref"]  # type: ignore[union-attr]
-            self._save()
+            cid: str = ctx.response.container_id  # type: ignore[union-attr]
+            self._owners[cid] = pending["ref"]
+            self._save(owner=cid, pending=key)
         return None
 
     async def failed_create_container(self, ctx: HookContext) -> None:
         container = _container(ctx)
-        pending = self._pending.pop(_key(ctx.pod.id, container.name, container.attempt), None)
+        key = _key(ctx.pod.id, container.name, container.attempt)
+        pending = self._pending.pop(key, None)
         if pending is None or self._memory is None:
             return
         if pending["new"]:
             release(self._memory, ContainerRef(*pending["ref"]))
-        self._save()
+        self._save(pod=ctx.pod.id, pending=key)
 
     # --- UpdateContainerResources: what crihook set stays -------------------------------------
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
@@ -341,7 +366,7 @@ class NumaHook(Hook):
             except MemoryAllocationError as exc:
                 raise Reject(f"{what} is infeasible: {exc}") from None
         self._resizing[container.id] = {"from": held, "to": limit}
-        self._save()
+        self._save(pod=ref.pod)
 
     async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
         cid = _container(ctx).id
@@ -349,7 +374,7 @@ class NumaHook(Hook):
         if change is None:
             return None
         self._settle_resize(cid, change, applied=True)
-        self._save()
+        self._save(pod=_container(ctx).pod_id)
         return None
 
     async def failed_update_container_resources(self, ctx: HookContext) -> None:
@@ -358,7 +383,7 @@ class NumaHook(Hook):
         if change is None:
             return
         self._settle_resize(cid, change, applied=False)
-        self._save()
+        self._save(pod=_container(ctx).pod_id)
 
     def _settle_resize(
         self,
@@ -406,17 +431,16 @@ class NumaHook(Hook):
         for cid, (pod, _) in list(self._owners.items()):
             if pod == ctx.pod.id:
                 self._give_back(cid)
-        changed = False
         for key, pending in list(self._pending.items()):
             if pending["ref"][0] == ctx.pod.id:
                 del self._pending[key]
-                changed = True
+                self._save(pending=key)
         if self._memory is not None:
-            for name in list(self._memory.assignments.get(ctx.pod.id, {})):
+            names = list(self._memory.assignments.get(ctx.pod.id, {}))
+            for name in names:
                 release(self._memory, ContainerRef(ctx.pod.id, name))
-                changed = True
-            if changed:  # a pod that held nothing (most do not) writes no state
-                self._save()
+            if names:  # a pod that held nothing (most do not) writes no state
+                self._save(pod=ctx.pod.id)
         return None
 
     def usage(self) -> list[PoolUsage]:
@@ -492,19 +516,55 @@ class NumaHook(Hook):
         still_held = any(r == ref for r in self._owners.values())  # a later attempt's
         if not still_held and self._memory is not None:
             release(self._memory, ContainerRef(*ref))
-        self._save()
+        self._save(pod=ref[0], owner=container_id)
 
-    def _save(self) -> None:
-        if self._state is None or self._memory is None:
+    def _save(self, pod: str = "", owner: str = "", pending: str = "") -> None:
+        """Write what a call changed: the memory keys of `pod`'s containers, the owner key
+        of container `owner`, the reservation `pending` (see saved.py)."""
+        state, memory = self._state, self._memory
+        if state is None or memory is None:
             return
-        self._state.set(_STATE, self._memory.to_dict())
-        self._state.set(_OWNERS, self._owners)
-        self._state.set(_PENDING, self._pending)
+        if pod:
+            names = memory.assignments.get(pod, {})
+            for gone in self._written.pop(pod, set()) - names.keys():
+                state.delete(memory_key(pod, gone))
+            for name, blocks in names.items():
+                state.set(memory_key(pod, name), blocks_doc(blocks))
+            if names:
+                self._written[pod] = set(names)
+        if owner:
+            ref = self._owners.get(owner)
+            if ref is None:
+                state.delete(OWNER_KEY + owner)
+            else:
+                state.set(OWNER_KEY + owner, list(ref))
+        if pending:
+            reservation = self._pending.get(pending)
+            if reservation is None:
+                state.delete(PENDING_KEY + pending)
+            else:
+                state.set(PENDING_KEY + pending, reservation)
         # Written only while a resize is pending: every other call saves no more than before.
         if self._resizing:
-            self._state.set(_RESIZING, self._resizing)
-        elif self._state.get(_RESIZING) is not None:
-            self._state.delete(_RESIZING)
+            state.set(RESIZING, self._resizing)
+        elif state.get(RESIZING) is not None:
+            state.delete(RESIZING)
+
+    def _save_all(self) -> None:
+        """Everything written anew, and keys of what is gone deleted (at a synchronize)."""
+        state, memory = self._state, self._memory
+        if state is None or memory is None:
+            return
+        kept = {OWNER_KEY + c for c in self._owners} | {PENDING_KEY + k for k in self._pending}
+        for key, _ in list(state.items()):
+            if key.startswith((OWNER_KEY, PENDING_KEY)) and key not in kept:
+                state.delete(key)
+        for pod in set(self._written) | set(memory.assignments):
+            self._save(pod=pod)
+        for cid in self._owners:
+            self._save(owner=cid)
+        for key in self._pending:
+            self._save(pending=key)
 
 
 def _init_containers(pod: PodView) -> list[InitContainer]:

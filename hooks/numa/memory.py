@@ -86,6 +86,7 @@ __all__ = [
     "MemoryTable",
     "NodeState",
     "allocate",
+    "blocks_doc",
     "hugepage_resource",
     "memory_hints",
     "pod_memory_requests",
@@ -245,13 +246,7 @@ class MemoryState:
         return {
             "version": _FORMAT,
             "entries": {
-                pod: {
-                    name: [
-                        {"numaAffinity": list(b.numa), "type": b.resource, "size": b.size}
-                        for b in blocks
-                    ]
-                    for name, blocks in containers.items()
-                }
+                pod: {name: blocks_doc(blocks) for name, blocks in containers.items()}
                 for pod, containers in self.assignments.items()
             },
         }
@@ -284,6 +279,11 @@ class MemoryState:
                     _replay(state, pod, name, block)
                 state.assignments.setdefault(pod, {})[name] = blocks
         return state
+
+
+def blocks_doc(blocks: Iterable[Block]) -> list[dict[str, Any]]:
+    """A container's blocks, JSON-ready (as `MemoryState.to_dict` lists them)."""
+    return [{"numaAffinity": list(b.numa), "type": b.resource, "size": b.size} for b in blocks]
 
 
 def _table(

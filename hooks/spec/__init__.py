@@ -11,6 +11,7 @@ from crihook.hooks.spec.adjustment import (
     Device,
     Field,
     FieldKey,
+    GroupUpdate,
     Mount,
     ResourceDelta,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Field",
     "FieldKey",
     "Forbidden",
+    "GroupUpdate",
     "Hook",
     "HookContext",
     "HookState",

@@ -9,6 +9,11 @@ may add different annotations but not the same one.
     adj.update_container("c0ffee...", ResourceDelta(cpuset_cpus="0-1,4-7"))
     adj.because("2 exclusive CPUs: Guaranteed, whole CPUs")
 
+An update that concerns a whole group of containers (every container on a shared pool) is
+one `GroupUpdate` (`update_group`): crihook walks its members after the call's answer and
+asks it for each container's resources only when it sends them, so the hook's call costs
+the same however many containers the group holds.
+
 `because` attaches a short reason: which rule decided. It changes nothing in the request; the
 recording keeps it next to the hook's verdict and `crihook replay --explain HOOK` shows it.
 An empty Adjustment with a reason says why the hook set nothing.
@@ -21,7 +26,7 @@ import enum
 from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from crihook.hooks.spec.limits import value_problem
 
@@ -33,6 +38,7 @@ __all__ = [
     "Device",
     "Field",
     "FieldKey",
+    "GroupUpdate",
     "Mount",
     "ResourceDelta",
     "describe_key",
@@ -193,14 +199,43 @@ class ContainerUpdate:
     resources: ResourceDelta
 
 
+class GroupUpdate(Protocol):
+    """An update to every container of a group (the containers of a shared pool), worked out
+    per container only when crihook sends it, from the hook's state as it is then: a
+    container due several of a group's updates before one went out gets the newest only.
+
+    `key` names the group within its hook: a newer update of the same group overtakes an
+    older one. `fields` are the ResourceDelta fields it may set (checked against the hook's
+    grants once, not per container)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def fields(self) -> frozenset[str]: ...
+
+    def members(self) -> list[str]:
+        """The ids of the containers it concerns now (walked in the background)."""
+        ...
+
+    def delta(self, container_id: str) -> ResourceDelta | None:
+        """What the container is due now; None when it is not (or no longer) a member."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the recording and `repr` show of it (a few values, never one per member)."""
+        ...
+
+
 class Adjustment:
     """A hook's requested changes. Builder methods return self, so calls chain."""
 
-    __slots__ = ("_changes", "_reason", "_updates")
+    __slots__ = ("_changes", "_groups", "_reason", "_updates")
 
     def __init__(self) -> None:
         self._changes: dict[FieldKey, Any] = {}
         self._updates: list[ContainerUpdate] = []
+        self._groups: list[GroupUpdate] = []
         self._reason = ""
 
     # --- reading -----------------------------------------------------------------------
@@ -217,18 +252,26 @@ class Adjustment:
         return tuple(self._updates)
 
     @property
+    def groups(self) -> tuple[GroupUpdate, ...]:
+        return tuple(self._groups)
+
+    @property
     def reason(self) -> str:
         """Why the hook asks for this (which rule decided); "" when it did not say."""
         return self._reason
 
     def __bool__(self) -> bool:
-        return bool(self._changes or self._updates)
+        return bool(self._changes or self._updates or self._groups)
 
     def __eq__(self, other: object) -> bool:
         """Same changes and updates (the reason explains them; it is not one of them)."""
         if not isinstance(other, Adjustment):
             return NotImplemented
-        return self._changes == other._changes and self._updates == other._updates
+        return (
+            self._changes == other._changes
+            and self._updates == other._updates
+            and self._groups == other._groups
+        )
 
     def __repr__(self) -> str:
         # What logs show: an env value may be a secret, so only its name is shown.
@@ -239,6 +282,7 @@ class Adjustment:
         parts += [
             f"update {u.container_id[:12]} {dict(u.resources.items())}" for u in self._updates
         ]
+        parts += [f"update group {g.key} {g.describe()}" for g in self._groups]
         if self._reason:
             parts.append(f"because {self._reason!r}")
         return f"Adjustment({', '.join(parts)})"
@@ -373,6 +417,14 @@ class Adjustment:
         if not any(True for _ in resources.items()):
             raise ValueError("update_container needs at least one resource to change")
         self._updates.append(ContainerUpdate(container_id, resources))
+        return self
+
+    def update_group(self, group: GroupUpdate) -> Adjustment:
+        """Every container of `group`, updated after the call (see `GroupUpdate`)."""
+        unknown = group.fields - set(_DELTA_NAMES)
+        if not group.fields or unknown:
+            raise ValueError(f"update group {group.key!r}: bad fields {sorted(unknown)}")
+        self._groups.append(group)
         return self
 
     # --- raw access, for the plugin protocol and the merge ---------------------------------

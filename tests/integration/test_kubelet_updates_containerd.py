@@ -38,6 +38,7 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.numa.saved import read_saved
 from tests.lab.containerd import Containerd
 from tests.lab.crictl import Crictl
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
@@ -215,7 +216,8 @@ def memory_resize(kubelet: KubeletClient, pod: Running, memory: int) -> None:
 
 def placed(proc: CrihookProcess, pod: Running) -> list[dict[str, Any]]:
     """The numa hook's blocks for the pod's container, as written so far."""
-    entries = proc.hook_state("numa").get("memory", {}).get("entries", {})
+    saved = read_saved(proc.hook_state("numa").items())
+    entries = (saved.memory or {}).get("entries", {})
     return entries.get(pod.handle.sandbox_id, {}).get("app", [])  # type: ignore[no-any-return]
 
 

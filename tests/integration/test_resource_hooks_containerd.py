@@ -22,6 +22,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.numa.saved import read_saved
 from tests.lab import cgroups
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup
@@ -136,7 +137,7 @@ def hook_state(proc: CrihookProcess, name: str) -> dict[str, Any]:
 
     def settled() -> bool:
         doc = proc.hook_state(name)
-        return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
+        return not any(k.startswith(("r:", "p:")) for k in doc)  # cpuset's, numa's
 
     wait_for(settled, PATIENCE, f"{name}'s state written")
     return proc.hook_state(name)
@@ -431,7 +432,7 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
     online = topology.online
     cpuset_before = raw_hook_state(proc, "cpuset")
     numa_before = raw_hook_state(proc, "numa")
-    assert not _reservations(cpuset_before) and not numa_before["pending"]
+    assert not _reservations(cpuset_before) and not read_saved(numa_before.items()).pending
     want = take_cpus(topology, online, 1)
     with kubelet_for(proc, containerd) as kubelet:
         handle = run_sandbox(kubelet, guaranteed("refused"), pod_cleanup)
@@ -456,16 +457,18 @@ def test_a_create_that_containerd_refuses_leaves_nothing_allocated(
         assert f"CreateContainer failed in the runtime: {code.name}" in log
         # Released (written behind the failure): nothing reserved, nothing held.
         cpuset = state_when(proc, "cpuset", lambda s: not _reservations(s), "reservation released")
-        numa = state_when(proc, "numa", lambda s: not s.get("pending"), "reservation released")
+        numa = state_when(
+            proc, "numa", lambda s: not read_saved(s.items()).pending, "reservation released"
+        )
         assert cpuset == cpuset_before
         assert numa == numa_before
         cid = create_container(kubelet, handle)
         assert cpuset_cpus(handle, cid) == want
         assert cpus_allowed_of_pid(kubelet.container_pid(cid)) == want
         numa = state_when(
-            proc, "numa", lambda s: cid in s.get("owners", {}), "the container's memory"
+            proc, "numa", lambda s: cid in read_saved(s.items()).owners, "the container's memory"
         )
-        assert numa["memory"]["entries"] == {
+        assert (read_saved(numa.items()).memory or {})["entries"] == {
             handle.sandbox_id: {"app": [{"numaAffinity": [0], "size": 64 * MiB, "type": "memory"}]}
         }
 

@@ -23,6 +23,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.cpus import take_cpus
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.numa.saved import read_saved
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixture_machine import crihook_on_fixture
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
@@ -86,7 +87,7 @@ class Node:
 
         def settled() -> bool:
             doc = self.proc.hook_state(name)
-            return not any(k.startswith("r:") for k in doc) and not doc.get("pending")
+            return not any(k.startswith(("r:", "p:")) for k in doc)  # cpuset's, numa's
 
         wait_for(settled, PATIENCE, f"{name}'s state written")
         return self.proc.hook_state(name)
@@ -244,7 +245,7 @@ def test_a_runtime_failure_leaves_nothing_allocated(fixture_node: Node) -> None:
     node = fixture_node
     sandbox, first = node.pod("first", 4)
     held_before = node.hook_state("cpuset")
-    memory_before = node.hook_state("numa")["memory"]
+    memory_before = read_saved(node.hook_state("numa").items()).memory
     app = ContainerSpec("app", cpu_request=4000, cpu_limit=4000)
     app.memory_request = app.memory_limit = GIB
     spec = PodSpec(name="second", containers=[app])
@@ -254,7 +255,7 @@ def test_a_runtime_failure_leaves_nothing_allocated(fixture_node: Node) -> None:
         node.create(spec, sandbox2, spec.containers[0])
     assert info.value.code() == grpc.StatusCode.INTERNAL  # the runtime's own status
     assert node.hook_state("cpuset") == held_before
-    assert node.hook_state("numa")["memory"] == memory_before
+    assert read_saved(node.hook_state("numa").items()).memory == memory_before
     # And the CPUs it had reserved go to the next container.
     cid = node.create(spec, sandbox2, spec.containers[0])
     assert node.cpus(cid) == take_cpus(node.topology, node.topology.online - node.cpus(first), 4)

@@ -55,6 +55,7 @@ __all__ = [
     "Node",
     "besteffort",
     "burstable",
+    "every_update",
     "guaranteed",
     "topology_of",
 ]
@@ -72,6 +73,20 @@ SMALL = MachineSpec(
 )
 """16 CPUs: socket/NUMA node 0 is cores 0-3 (cpus 0-3 and their siblings 8-11), node 1 is
 cores 4-7 (cpus 4-7, 12-15). 8 GiB per node, of which 1 GiB is 2Mi pages, 2 GiB 1Gi pages."""
+
+
+def every_update(adjustment: Adjustment | None) -> list[ContainerUpdate]:
+    """An adjustment's updates, its group updates walked now, member by member (what crihook
+    would send when nothing changes meanwhile)."""
+    if adjustment is None:
+        return []
+    out = list(adjustment.updates)
+    for group in adjustment.groups:
+        for cid in group.members():
+            delta = group.delta(cid)
+            if delta is not None:
+                out.append(ContainerUpdate(cid, delta))
+    return out
 
 
 def topology_of(spec: MachineSpec) -> Topology:
@@ -336,7 +351,7 @@ class Node:
             return
         for key, value in adjustment.change_items():
             apply_change(event, request, key, value)
-        self._apply_updates(adjustment.updates)
+        self._apply_updates(every_update(adjustment))
 
     def _apply_updates(self, updates: Iterable[ContainerUpdate]) -> None:
         for update in updates:
@@ -468,7 +483,7 @@ class Node:
     async def finish_create(self, pod: PodView, created: Created, cid: str) -> Created:
         """The runtime created it: the pre stage's updates go out, then the post stage."""
         if created.pre is not None:
-            self._apply_updates(created.pre.updates)
+            self._apply_updates(every_update(created.pre))
         self.runtime.create(cid, created.request.config.linux.resources.oom_score_adj)
         response = api_pb2.CreateContainerResponse(container_id=cid)
         created.post = await self.stage(
@@ -560,7 +575,7 @@ class Node:
             view, resources=resources_updated(view.resources, request.linux)
         )
         if pre is not None:
-            self._apply_updates(pre.updates)
+            self._apply_updates(every_update(pre))
         self._apply(event, request, post)
         return pre, post, request
 

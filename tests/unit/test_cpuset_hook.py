@@ -43,6 +43,7 @@ from tests.unit.hook_harness import (
     Node,
     besteffort,
     burstable,
+    every_update,
     guaranteed,
     topology_of,
 )
@@ -87,7 +88,8 @@ def updates(adjustment: Adjustment | None) -> list[tuple[str, frozenset[int]]]:
     if adjustment is None:
         return []
     return [
-        (u.container_id, parse_cpu_list(u.resources.cpuset_cpus or "")) for u in adjustment.updates
+        (u.container_id, parse_cpu_list(u.resources.cpuset_cpus or ""))
+        for u in every_update(adjustment)
     ]
 
 

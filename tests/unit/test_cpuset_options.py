@@ -33,7 +33,7 @@ from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import Adjustment, Field, TopologyHint
 from tests.lab.kubelet_encoding import PodSpec
 from tests.lab.sysfs import NAMED_SPECS, write_sysfs
-from tests.unit.hook_harness import Node, burstable, guaranteed
+from tests.unit.hook_harness import Node, burstable, every_update, guaranteed
 from tests.unit.kubelet_topologies import (
     DUAL_SOCKET_HT,
     DUAL_SOCKET_MULTI_NUMA_PER_SOCKET_HT,
@@ -409,7 +409,9 @@ async def test_strict_reservation_keeps_shared_containers_off_reserved_cpus(
     app = await node.create(q, guaranteed("app", 4000), "c2")
     assert exclusive(app.pre) == parse_cpu_list("1,2,33,34")
     assert app.pre is not None
-    moved = {u.container_id: parse_cpu_list(u.resources.cpuset_cpus or "") for u in app.pre.updates}
+    moved = {
+        u.container_id: parse_cpu_list(u.resources.cpuset_cpus or "") for u in every_update(app.pre)
+    }
     assert moved == {"c1": shared - parse_cpu_list("1,2,33,34")}
 
 

@@ -35,6 +35,7 @@ from tests.unit.hook_harness import (
     Node,
     besteffort,
     burstable,
+    every_update,
     guaranteed,
     topology_of,
 )
@@ -114,7 +115,8 @@ def updated(adjustment: Adjustment | None) -> dict[str, frozenset[int]]:
     if adjustment is None:
         return {}
     return {
-        u.container_id: parse_cpu_list(u.resources.cpuset_cpus or "") for u in adjustment.updates
+        u.container_id: parse_cpu_list(u.resources.cpuset_cpus or "")
+        for u in every_update(adjustment)
     }
 
 

@@ -8,6 +8,7 @@ pages, so 5 GiB of regular memory each, less the default 100Mi reserved on node 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -22,6 +23,8 @@ from crihook.hooks.numa.hook import (
     parse_reserved_memory,
 )
 from crihook.hooks.numa.memory import MEMORY, MemoryState, memory_hints
+from crihook.hooks.numa.saved import SavedNuma, read_saved
+from crihook.hooks.sdk import MemoryState as PluginState
 from crihook.hooks.spec import (
     ContainerKind,
     ContainerState,
@@ -67,9 +70,17 @@ async def pod(node: Node, sandbox_id: str, *containers: ContainerSpec, **kw: Any
     return await node.run_pod(PodSpec(sandbox_id, containers=list(containers), **kw), sandbox_id)
 
 
+def kept(node: Node) -> SavedNuma:
+    """The hook's state as saved (a key per container), read back."""
+    return read_saved(node.state.items())
+
+
 def saved(node: Node) -> MemoryState:
     """The memory state as the hook saved it, on this machine (what a restart rebuilds)."""
-    return MemoryState.from_dict(TOPO, RESERVED, node.state.get("memory"))
+    memory = kept(node).memory  # None: no container holds memory
+    if memory is None:
+        return MemoryState.build(TOPO, RESERVED)
+    return MemoryState.from_dict(TOPO, RESERVED, memory)
 
 
 def free(node: Node, numa: int, resource: str = MEMORY) -> int:
@@ -331,7 +342,7 @@ async def test_a_preferred_placement_that_cannot_be_met_is_refused_naming_what_d
         "failed to find NUMA nodes to extend the current topology hint"  # kubelet's words
     )
     assert blocks(node) == before
-    assert node.state.get("pending") == {}
+    assert kept(node).pending == {}
 
 
 async def test_a_preferred_placement_is_kept_when_kubelet_prefers_the_wider_one() -> None:
@@ -383,7 +394,7 @@ async def test_a_node_without_memory_facts_accounts_nothing() -> None:
     p = await pod(node, "g", guaranteed("app", 2000))
     created = await node.create(p, guaranteed("app", 2000), "c1", cpuset="4,12")
     assert mems(created) == BOTH  # the NUMA nodes of the CPUs
-    assert node.state.get("memory") is None
+    assert kept(node).memory is None
 
 
 async def test_hints_are_kubelets() -> None:
@@ -402,13 +413,13 @@ async def test_confirm_then_stop_releases() -> None:
     node = await start()
     p = await pod(node, "g", guaranteed("app", 2000))
     created = await node.begin_create(p, guaranteed("app", 2000), cpuset="4,12")
-    assert node.state.get("pending") == {"g/app/0": {"ref": ["g", "app"], "new": True}}
+    assert kept(node).pending == {"g/app/0": {"ref": ["g", "app"], "new": True}}
     await node.finish_create(p, created, "c1")
-    assert node.state.get("pending") == {}
-    assert node.state.get("owners") == {"c1": ["g", "app"]}
+    assert kept(node).pending == {}
+    assert kept(node).owners == {"c1": ["g", "app"]}
     assert await node.stop("c1") is None
     assert blocks(node) == {}
-    assert node.state.get("owners") == {}
+    assert kept(node).owners == {}
     assert await node.remove("c1") is None
     assert free(node, 1) == ALLOCATABLE[1]
 
@@ -420,7 +431,7 @@ async def test_a_failed_create_releases() -> None:
     assert free(node, 1) == ALLOCATABLE[1] - GIB
     await node.fail_create(p, created)
     assert blocks(node) == {}
-    assert node.state.get("pending") == {}
+    assert kept(node).pending == {}
     assert free(node, 1) == ALLOCATABLE[1]
 
 
@@ -430,7 +441,7 @@ async def test_remove_releases() -> None:
     await node.create(p, guaranteed("app", 2000), "c1", cpuset="4,12")
     await node.remove("c1")
     assert blocks(node) == {}
-    assert node.state.get("owners") == {}
+    assert kept(node).owners == {}
 
 
 async def test_removing_the_pod_releases_everything_of_it() -> None:
@@ -445,8 +456,8 @@ async def test_removing_the_pod_releases_everything_of_it() -> None:
     assert sorted(blocks(node)["g"]) == ["a", "b", "c"]
     await node.remove_pod("g")
     assert blocks(node) == {"o": {"x": [((0,), MEMORY, GIB)]}}
-    assert node.state.get("owners") == {"x1": ["o", "x"]}
-    assert node.state.get("pending") == {}
+    assert kept(node).owners == {"x1": ["o", "x"]}
+    assert kept(node).pending == {}
     assert free(node, 1) == ALLOCATABLE[1]
 
 
@@ -456,7 +467,7 @@ async def test_a_restarted_container_keeps_its_memory() -> None:
     first = await node.create(p, guaranteed("app", 2000, 2 * GIB), "c1", cpuset="4,12")
     node.set_state("c1", ContainerState.EXITED)  # it crashed; kubelet creates attempt 1
     retry = await node.begin_create(p, guaranteed("app", 2000, 2 * GIB), attempt=1, cpuset="4,12")
-    assert node.state.get("pending") == {"g/app/1": {"ref": ["g", "app"], "new": False}}
+    assert kept(node).pending == {"g/app/1": {"ref": ["g", "app"], "new": False}}
     await node.fail_create(p, retry)  # a failed restart frees nothing of the first attempt's
     assert free(node, 1) == ALLOCATABLE[1] - 2 * GIB
     again = await node.create(p, guaranteed("app", 2000, 2 * GIB), "c2", attempt=1, cpuset="4,12")
@@ -465,7 +476,7 @@ async def test_a_restarted_container_keeps_its_memory() -> None:
     # kubelet removes the old attempt: the memory stays with the new one.
     await node.remove("c1")
     assert blocks(node) == {"g": {"app": [((1,), MEMORY, 2 * GIB)]}}
-    assert node.state.get("owners") == {"c2": ["g", "app"]}
+    assert kept(node).owners == {"c2": ["g", "app"]}
     await node.remove("c2")
     assert blocks(node) == {}
 
@@ -512,7 +523,7 @@ async def test_synchronize_adopts_running_guaranteed_containers_where_they_run()
     runs(node, "s1", "s", burstable("app"), "")
     assert await node.sync() == []
     assert blocks(node) == {"g": {"app": [((1,), MEMORY, 2 * GIB)]}}
-    assert node.state.get("owners") == {"c1": ["g", "app"]}
+    assert kept(node).owners == {"c1": ["g", "app"]}
 
 
 async def test_synchronize_repairs_live_containers_only() -> None:
@@ -548,8 +559,8 @@ async def test_synchronize_confirms_or_drops_pending_reservations_and_frees_the_
     restarted.pods, restarted.specs = node.pods, node.specs
     runs(restarted, "c2", "g", guaranteed("b", 2000), "1")  # c1 is gone
     assert await restarted.sync() == []
-    assert restarted.state.get("pending") == {}
-    assert restarted.state.get("owners") == {"c2": ["g", "b"]}
+    assert kept(restarted).pending == {}
+    assert kept(restarted).owners == {"c2": ["g", "b"]}
     assert blocks(restarted) == {"g": {"b": [((1,), MEMORY, GIB)]}}
 
 
@@ -558,13 +569,13 @@ async def test_the_accounting_survives_a_restart() -> None:
     p = await pod(node, "g", guaranteed("a", 2000, 6 * GIB), guaranteed("b", 2000, GIB))
     await node.create(p, guaranteed("a", 2000, 6 * GIB), "c1", cpuset="4,12")
     await node.create(p, guaranteed("b", 2000, GIB), "c2", cpuset="0,8")
-    before = node.state.get("memory")
+    before = kept(node).memory
     restarted = Node(NumaHook({}), TOPO, state=node.state)
     restarted.pods, restarted.specs = node.pods, node.specs
     restarted.containers, restarted.states = node.containers, node.states
     assert await restarted.sync() == []
-    assert restarted.state.get("memory") == before
-    assert restarted.state.get("owners") == {"c1": ["g", "a"], "c2": ["g", "b"]}
+    assert kept(restarted).memory == before
+    assert kept(restarted).owners == {"c1": ["g", "a"], "c2": ["g", "b"]}
     # The rebuilt state is what the first hook kept: the next container sees the same node.
     s = await pod(restarted, "h", guaranteed("x", 2000, GIB))
     created = await restarted.create(s, guaranteed("x", 2000, GIB), "c3", cpuset="4,12")
@@ -659,13 +670,13 @@ async def test_memory_grows_within_its_numa_node_and_is_held_from_the_pre_stage(
 async def test_a_growth_past_its_numa_nodes_is_refused_and_changes_nothing() -> None:
     node = await start(RESIZE)
     await placed(node)
-    before = node.state.get("memory")
+    before = kept(node).memory
     with pytest.raises(Reject) as info:
         await node.update("c1", resized(6 * GIB))
     reason = info.value.reason
     assert "resize of container 'app' to 6442450944 bytes of memory is infeasible" in reason
     assert f"NUMA node(s) 1 it holds ({ALLOCATABLE[1] - 2 * GIB} bytes free there)" in reason
-    assert node.state.get("memory") == before
+    assert kept(node).memory == before
     assert node.state.get("resizing") is None
     # The memory node 0 has free is not taken instead.
     assert free(node, 0) == ALLOCATABLE[0]
@@ -750,3 +761,34 @@ async def test_the_hook_refuses_a_negative_limit_in_both_of_its_create_stages() 
     with pytest.raises(InvalidRequest, match="is negative"):
         await node.begin_create(sandbox, app)
     assert saved(node).assignments == {}  # nothing held for the refused call
+
+
+class CountedState(PluginState):
+    """A HookState counting the bytes of JSON each `set` writes (what the store journals)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def set(self, key: str, value: Any) -> None:
+        self.written += len(json.dumps(value))
+        super().set(key, value)
+
+
+@pytest.mark.parametrize("held", [2, 40], ids=["2-guaranteed", "40-guaranteed"])
+async def test_a_guaranteed_create_writes_its_own_keys_whatever_the_node_holds(held: int) -> None:
+    """Counted, not timed: the state a Guaranteed CreateContainer writes is the same with 40
+    Guaranteed containers on the node as with 2 (it was the whole memory state, every owner
+    and every reservation)."""
+    state = CountedState()
+    node = Node(NumaHook({}), TOPO, state=state)
+    await node.sync()
+    for i in range(held):
+        p = await pod(node, f"g{i}", guaranteed("app", 1000, 64 * MIB))
+        await node.create(p, guaranteed("app", 1000, 64 * MIB), f"c{i}", cpuset="0")
+    p = await pod(node, "new", guaranteed("app", 1000, 64 * MIB))
+    state.written = 0
+    await node.create(p, guaranteed("app", 1000, 64 * MIB), "c-new", cpuset="0")
+    # Its blocks (twice: reserved, then confirmed with its owner), its owner and reservation.
+    assert state.written < 400
+    assert kept(node).owners["c-new"] == ["new", "app"]
