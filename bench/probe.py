@@ -71,11 +71,13 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _wrap(run: Callable[[Any], Awaitable[int]], path: Path) -> Callable[[Any], Awaitable[int]]:
-    async def probed(settings: Any) -> int:
+def _wrap(run: Callable[..., Awaitable[int]], path: Path) -> Callable[..., Awaitable[int]]:
+    """`app.run` with the dump handler installed first; its arguments passed on as given."""
+
+    async def probed(*args: Any, **kwargs: Any) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR2, lambda: _write(path, dump(loop)))
-        return await run(settings)
+        return await run(*args, **kwargs)
 
     return probed
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from crihook.hooks.numa.saved import memory_key
 from tests.lab import cgroups, peers
 from tests.lab.apiserver import ApiClient, ApiServer
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir
@@ -148,8 +149,8 @@ def held_cpus(proc: CrihookProcess) -> list[str]:
 def placed_memory(proc: CrihookProcess, sandbox_id: str) -> list[int]:
     """The bytes of each block of memory the numa hook placed for the pod's container
     ``app``, as its state has them."""
-    entries = proc.hook_state("numa").get("memory", {}).get("entries", {})
-    return [int(b["size"]) for b in entries.get(sandbox_id, {}).get("app", [])]
+    blocks = proc.hook_state("numa").get(memory_key(sandbox_id, "app"), [])
+    return [int(b["size"]) for b in blocks]
 
 
 def cpuset(pod: NodePod) -> str:
