@@ -41,7 +41,7 @@ import grpc
 from bench.procfs import cpu_seconds, rss_bytes
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from tests.lab.crihook_proc import CrihookProcess
-from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs
 
@@ -89,17 +89,7 @@ class Node:
         """One pod started through crihook: RunPodSandbox, CreateContainer, StartContainer."""
         assert self.stub is not None
         self.count += 1
-        cpu = 1000 if guaranteed else None
-        env = [("PAD", "x" * env_bytes)] if env_bytes else []
-        container = ContainerSpec(
-            name="app",
-            cpu_request=cpu or 100,
-            cpu_limit=cpu,
-            memory_request=64 * MiB,
-            memory_limit=64 * MiB if guaranteed else None,
-            env=env,
-        )
-        spec = PodSpec(name=f"p{self.count}", containers=[container])
+        spec, container = one_container_pod(f"p{self.count}", guaranteed, env_bytes)
         sandbox = sandbox_config(spec)
         sid = self.stub.RunPodSandbox(
             api_pb2.RunPodSandboxRequest(config=sandbox), timeout=120

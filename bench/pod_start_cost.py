@@ -35,7 +35,7 @@ from bench.run import Scenario
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.proxy.methods import INTERCEPTED
-from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs
 
 MiB = 1 << 20
@@ -102,15 +102,7 @@ async def measure(pods: int, starts: int, every: int, profile: Path | None) -> F
         async def pod(guaranteed: bool) -> None:
             nonlocal count
             count += 1
-            cpu = 1000 if guaranteed else None
-            container = ContainerSpec(
-                name="app",
-                cpu_request=cpu or 100,
-                cpu_limit=cpu,
-                memory_request=64 * MiB,
-                memory_limit=64 * MiB if guaranteed else None,
-            )
-            spec = PodSpec(name=f"p{count}", containers=[container])
+            spec, container = one_container_pod(f"p{count}", guaranteed)
             sandbox = sandbox_config(spec)
             run = api_pb2.RunPodSandboxRequest(config=sandbox)
             sid = api_pb2.RunPodSandboxResponse.FromString(

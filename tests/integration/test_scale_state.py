@@ -19,7 +19,7 @@ from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.proxy.records_journal import records_files
 from crihook.proxy.state_cli import load_state
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
-from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
+from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs
 
@@ -42,16 +42,7 @@ class Node:
     def pod(self, channel: grpc.Channel, guaranteed: bool = False, env_bytes: int = 0) -> str:
         stub = api_pb2_grpc.RuntimeServiceStub(channel)
         self.count += 1
-        cpu = 1000 if guaranteed else None
-        container = ContainerSpec(
-            name="app",
-            cpu_request=cpu or 100,
-            cpu_limit=cpu,
-            memory_request=64 * MiB,
-            memory_limit=64 * MiB if guaranteed else None,
-            env=[("PAD", "x" * env_bytes)] if env_bytes else [],
-        )
-        spec = PodSpec(name=f"p{self.count}", containers=[container])
+        spec, container = one_container_pod(f"p{self.count}", guaranteed, env_bytes)
         sandbox = sandbox_config(spec)
         sid = stub.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=sandbox), timeout=60)
         config = container_config(spec, container, node_memory=1024 * GIB)

@@ -40,6 +40,7 @@ __all__ = [
     "linux_resources",
     "milli_cpu_to_quota",
     "milli_cpu_to_shares",
+    "one_container_pod",
     "oom_score_adj",
     "pod_log_directory",
     "qos_class",
@@ -130,6 +131,23 @@ class PodSpec:
     runtime_handler: str = ""
     termination_grace_period: int = 30  # seconds
     attempt: int = 0  # sandbox attempt (kubelet bumps it when it recreates the sandbox)
+
+
+def one_container_pod(
+    name: str, guaranteed: bool = False, env_bytes: int = 0
+) -> tuple[PodSpec, ContainerSpec]:
+    """The scale benches' pod: one container `app` with 64 MiB, Guaranteed with one whole
+    CPU or Burstable with a 100m request; `env_bytes` of padding in one env var."""
+    cpu = 1000 if guaranteed else None
+    container = ContainerSpec(
+        name="app",
+        cpu_request=cpu or 100,
+        cpu_limit=cpu,
+        memory_request=64 << 20,
+        memory_limit=64 << 20 if guaranteed else None,
+        env=[("PAD", "x" * env_bytes)] if env_bytes else [],
+    )
+    return PodSpec(name=name, containers=[container]), container
 
 
 # -- resources -----------------------------------------------------------------------------
