@@ -120,7 +120,7 @@ def create(i: int) -> bytes:
 
 def on_shared(event: Event) -> bytes:
     request = {
-        Event.STOP_CONTAINER: api_pb2.StopContainerRequest(container_id=SHARED, timeout=1),
+        Event.STOP_CONTAINER: api_pb2.StopContainerRequest(container_id=SHARED, timeout=30),
         Event.START_CONTAINER: api_pb2.StartContainerRequest(container_id=SHARED),
         Event.REMOVE_CONTAINER: api_pb2.RemoveContainerRequest(container_id=SHARED),
         Event.UPDATE_CONTAINER_RESOURCES: api_pb2.UpdateContainerResourcesRequest(
