@@ -37,10 +37,10 @@ from crihook.hooks.examples.annotate import AnnotateHook
 from crihook.hooks.examples.guard import GuardHook
 from crihook.hooks.spec import Event, Hook, HookContext, Reject, Stage
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
-from crihook.proxy.chain import Chain, ChainEntry
+from crihook.proxy.chain.chain import Chain, ChainEntry
+from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
-from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.store import HookStateStore
+from crihook.proxy.state.store import HookStateStore
 
 REQUEST = fake_create_container_request()
 ANNOTATE = {"key": "bench.io/a", "value": "x"}

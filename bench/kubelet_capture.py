@@ -15,7 +15,7 @@ import base64
 import sys
 from pathlib import Path
 
-from crihook.proxy.replay_file import CallEntry, read_recording
+from crihook.proxy.replay.file import CallEntry, read_recording
 
 __all__ = ["CAPTURED_DIR", "CORPUS", "POD", "capture"]
 

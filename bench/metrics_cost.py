@@ -27,12 +27,12 @@ import grpc
 from bench.payloads import fake_create_container_request
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
 from crihook.proxy.config import ChainSettings
-from crihook.proxy.metrics import Metrics, Sources, measured_handler
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.store import Store
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.ops.metrics import Metrics, Sources, measured_handler
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 
 N, REPS = 5000, 9
 

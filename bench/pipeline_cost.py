@@ -49,13 +49,13 @@ from bench.run import SCENARIOS, Scenario
 from crihook.hooks.node.host import LinuxHost
 from crihook.hooks.node.topology import Topology
 from crihook.hooks.spec import ContainerState, Event, HookContext, Stage, SyncContext
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import LocalHook, load_local_hook
 from crihook.proxy.config import Settings, apply_flags, settings_from_toml
-from crihook.proxy.local_hooks import LocalHook, load_local_hook
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.placement import Placement
-from crihook.proxy.store import Store
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.core.placement import Placement
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 
 DEFAULT = ("hooks-none", "resource-hooks", "devices")
 

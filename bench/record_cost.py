@@ -35,11 +35,11 @@ from bench.pipeline_cost import build
 from bench.run import SCENARIOS
 from crihook.hooks.spec import Event
 from crihook.proxy.config import RecordSettings
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.record import Recorder
-from crihook.proxy.record_format import call_line, call_record, encode_line
-from crihook.proxy.record_worker import _Pickler
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.record.lines import call_line, call_record, encode_line
+from crihook.proxy.record.recorder import Recorder
+from crihook.proxy.record.worker import _Pickler
 
 REPS = 9
 

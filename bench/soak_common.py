@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from crihook.proxy.state_cli import load_state
-from crihook.proxy.state_dir import LOCK_FILE
+from crihook.proxy.ops.state_cli import load_state
+from crihook.proxy.state.directory import LOCK_FILE
 from tests.lab.crihook_proc import CrihookProcess, wait_for
 
 __all__ = [

@@ -10,7 +10,7 @@ container put, the container's state set, a hook state key set and written ahead
 write that follows it (the write-behind's work, awaited: at the rate kubelet starts pods
 each call gets its own). The figure is the process CPU (all threads: the writer's file work
 included) per call, the fastest of the reps; "1000 vs 100" is the ratio. `--store-file`
-takes the Store class from another store.py (e.g. `git show <commit>:proxy/store.py >
+takes the Store class from another store.py (e.g. `git show <commit>:proxy/state/store.py >
 /tmp/store_before.py`), to compare with an older layout in the same run. Timing lives here,
 never in tests.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
 
 
 def _pod(i: int) -> PodRecord:

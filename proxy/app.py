@@ -6,7 +6,7 @@ store loaded from disk → in-process hooks built, metrics listening (`--metrics
 hooks started (config errors stop here, exit 2, the socket removed) → socket served (bound
 here on the grpc data path; UNAVAILABLE until ready) → systemd told READY → runtime
 awaited with backoff → store reconciled with the runtime (container resources as the
-runtime reports them where an update may not be recorded, proxy/unsettled.py) → every hook
+runtime reports them where an update may not be recorded, proxy/state/unsettled.py) → every hook
 synchronized (state, node facts, pods, containers) and its repairs sent → plugins loaded
 (they get the same snapshot when they connect) → ready. Shutdown (SIGTERM/SIGINT):
 stop accepting, let calls in flight finish within the grace, let the updates they issued go
@@ -48,34 +48,34 @@ from crihook.hooks.node import (
 )
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
-from crihook.proxy import sdnotify
-from crihook.proxy.call_log import CallLog
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import load_local_hook
+from crihook.proxy.chain.merge import stamp
+from crihook.proxy.chain.plugins import PluginDirectory, crihook_sockets
 from crihook.proxy.config import Settings
+from crihook.proxy.core.memory_trim import MemoryTrim
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.core.placement import Placement
+from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.early import Claimed, claim
 from crihook.proxy.errors import ConfigError
-from crihook.proxy.h2_runtime import Flusher, H2RuntimeClient
-from crihook.proxy.h2_server import H2Server
-from crihook.proxy.local_hooks import load_local_hook
-from crihook.proxy.memory_trim import MemoryTrim
-from crihook.proxy.merge import stamp
-from crihook.proxy.node_doc import NODE_FILE, node_doc, write_node_doc
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.placement import Placement
-from crihook.proxy.plugins import PluginDirectory, crihook_sockets
-from crihook.proxy.runtime_client import RuntimeClient
+from crihook.proxy.ops import call_log, sdnotify
+from crihook.proxy.ops.call_log import CallLog
+from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, write_node_doc
+from crihook.proxy.ops.watchdog import keep_alive
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
-from crihook.proxy.store import Store
-from crihook.proxy.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
-from crihook.proxy.unsettled import UnsettledRuntime
-from crihook.proxy.watchdog import keep_alive
+from crihook.proxy.state.store import Store
+from crihook.proxy.state.unsettled import UnsettledRuntime
+from crihook.proxy.wire.grpc.passthrough import Readiness
+from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
+from crihook.proxy.wire.h2.runtime_client import Flusher, H2RuntimeClient
+from crihook.proxy.wire.h2.server import H2Server
 
 if TYPE_CHECKING:
-    from crihook.proxy.metrics import Metrics
-    from crihook.proxy.metrics_http import MetricsServer
-    from crihook.proxy.record import Recorder
+    from crihook.proxy.ops.metrics import Metrics
+    from crihook.proxy.ops.metrics_http import MetricsServer
+    from crihook.proxy.record.recorder import Recorder
 
 __all__ = ["App", "run"]
 
@@ -126,7 +126,7 @@ class App:
         self.recorder: Recorder | None = None
         if settings.record.file is not None:
             # Imported only to record: start-up loads what serving needs first.
-            from crihook.proxy.observe import (
+            from crihook.proxy.core.observe import (
                 ObservedCgroups,
                 ObservedFiles,
                 ObservedHost,
@@ -134,7 +134,7 @@ class App:
                 ObservedQueries,
                 ObservedStaging,
             )
-            from crihook.proxy.record import Recorder
+            from crihook.proxy.record.recorder import Recorder
 
             host, files = ObservedHost(host), ObservedFiles(files)
             cgroups = ObservedCgroups(cgroups)
@@ -166,7 +166,7 @@ class App:
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
-            from crihook.proxy.metrics import Metrics, Sources  # prometheus_client: only then
+            from crihook.proxy.ops.metrics import Metrics, Sources  # prometheus_client: only then
 
             self.metrics = Metrics(
                 Sources(
@@ -189,7 +189,7 @@ class App:
             self.sync.on_sync = self._record_sync
         if self.metrics is not None:
             listeners.append(self.metrics.outcome)
-        if logging.getLogger("crihook.proxy.call_log").isEnabledFor(logging.INFO):
+        if call_log.log.isEnabledFor(logging.INFO):
             listeners.append(CallLog().outcome)
         self.pipeline.on_outcome = _tell_all(listeners)
         self.pipeline.describe_updates = self.recorder is not None  # the only reader here
@@ -247,8 +247,8 @@ class App:
 
     # --- recording -----------------------------------------------------------------------
     def _header_line(self) -> dict[str, Any]:
-        from crihook.proxy.record import device_pool_facts
-        from crihook.proxy.record_format import header_line
+        from crihook.proxy.record.lines import header_line
+        from crihook.proxy.record.recorder import device_pool_facts
 
         pools, facts = device_pool_facts(self.settings, self._files)
         redacted = not self.settings.record.secrets
@@ -260,19 +260,19 @@ class App:
         here on."""
         assert self.recorder is not None
         plugins = [entry.settings for entry in self.chain.plugins]
-        from crihook.proxy.record_format import plugins_line
+        from crihook.proxy.record.lines import plugins_line
 
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
-        from crihook.proxy.record_format import snapshot_line
+        from crihook.proxy.record.lines import snapshot_line
 
         assert self.recorder is not None
         return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None
-        from crihook.proxy.record_format import sync_line
+        from crihook.proxy.record.lines import sync_line
 
         line = sync_line(
             "sync",
@@ -418,7 +418,7 @@ class App:
             )
             await h2.start(path, listener)
             return h2
-        from crihook.proxy.server import build_server  # the grpc data path only
+        from crihook.proxy.wire.grpc.server import build_server  # the grpc data path only
 
         server = build_server(
             self.runtime,
@@ -466,7 +466,7 @@ class App:
         metrics_server = None
         if self.metrics is not None:
             assert settings.server.metrics_listen is not None
-            from crihook.proxy.metrics_http import MetricsServer
+            from crihook.proxy.ops.metrics_http import MetricsServer
 
             metrics_server = MetricsServer(
                 settings.server.metrics_listen,

@@ -223,21 +223,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "check":
-            from crihook.proxy.check import check_command
+            from crihook.proxy.ops.check import check_command
 
             return check_command(args, sys.stdout)
         if args.command == "replay":
-            from crihook.proxy.replay_cli import replay_command
+            from crihook.proxy.replay.cli import replay_command
 
             configure_logging("plain", args.log_level)
             return replay_command(
                 args.file, args.config, args.hooks, args.update, sys.stdout, args.explain
             )
         if args.cpus:
-            from crihook.proxy.cpu_map_cli import show_map
+            from crihook.proxy.ops.cpu_map_cli import show_map
 
             return show_map(args.state_dir, args.json, sys.stdout)
-        from crihook.proxy.state_cli import show_state
+        from crihook.proxy.ops.state_cli import show_state
 
         return show_state(args.state_dir, args.json)
     except ConfigError as exc:

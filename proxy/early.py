@@ -18,7 +18,7 @@ from pathlib import Path
 
 from crihook.proxy.config import Settings
 from crihook.proxy.sockets import listen_unix
-from crihook.proxy.state_dir import StateDirLock, hold_state_dir, secure_state_dir
+from crihook.proxy.state.directory import StateDirLock, hold_state_dir, secure_state_dir
 
 __all__ = ["Claimed", "claim"]
 
@@ -26,7 +26,7 @@ __all__ = ["Claimed", "claim"]
 @dataclass
 class Claimed:
     state_lock: StateDirLock
-    """Held until the process ends (proxy/state_dir.py)."""
+    """Held until the process ends (proxy/state/directory.py)."""
     listener: socket.socket | None
     """The kubelet socket, bound and listening; None: the server binds it (grpc)."""
     path: Path

@@ -76,7 +76,7 @@ class SocketInUseError(CrihookError):
 
 
 class StateDirInUseError(CrihookError):
-    """Another live crihook holds the state directory (proxy/state_dir.py): two would
+    """Another live crihook holds the state directory (proxy/state/directory.py): two would
     overwrite each other's store and hook states."""
 
 

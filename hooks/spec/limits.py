@@ -1,6 +1,6 @@
 """What the kernel and runc accept in a container's resources (CRI `LinuxContainerResources`),
 field by field: pure, one rule for each field, shared by crihook's door for kubelet's requests
-(`proxy/validate.py`) and the `Adjustment` setters a hook uses.
+(`proxy/core/validate.py`) and the `Adjustment` setters a hook uses.
 
 A value outside these fails later and far from its cause (runc at StartContainer: "write
 cpu.cfs_period_us: invalid argument", "can't get final child's PID from pipe: EOF"), after

@@ -26,9 +26,9 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.proxy.config import RuntimeSettings
-from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.state_cli import STALE_SECONDS
-from crihook.proxy.store import Store
+from crihook.proxy.ops.state_cli import STALE_SECONDS
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.fixtures import PodCleanup
@@ -89,7 +89,7 @@ def _status(state_dir: Path) -> dict[str, Any]:
 
 
 def _store_errors(log: str) -> list[str]:
-    return [line for line in log.splitlines() if " ERROR " in line and "proxy.store" in line]
+    return [line for line in log.splitlines() if " ERROR " in line and "proxy.state.store" in line]
 
 
 def test_a_full_state_disk_never_fails_a_call_and_the_state_catches_up(

@@ -33,7 +33,7 @@ from crihook.api.h2.connection import (
     Reset,
     Settled,
 )
-from crihook.proxy.h2_runtime import RELAY_WINDOW
+from crihook.proxy.wire.h2.runtime_client import RELAY_WINDOW
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from crihook.proxy.state_cli import load_state, render_state
+from crihook.proxy.ops.state_cli import load_state, render_state
 from tests.lab import peers
 from tests.lab.crihook_proc import CrihookProcess, wait_for
 from tests.lab.fixtures import LAB_DIR_PREFIX

@@ -1,5 +1,5 @@
 """A plugin's Synchronize repairs reach containerd: crihook (a real process, the wiring of
-proxy/app.py and proxy/plugins.py) sends them as UpdateContainerResources to a container that
+proxy/app.py and proxy/chain/plugins.py) sends them as UpdateContainerResources to a container that
 ran before crihook started, and the audit names the plugin."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from crihook.proxy.state_cli import load_state
+from crihook.proxy.ops.state_cli import load_state
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fixtures import PodCleanup

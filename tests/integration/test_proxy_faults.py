@@ -33,7 +33,7 @@ RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"
 
 
-# The least an intercepted call must carry for crihook to forward it (proxy/validate.py);
+# The least an intercepted call must carry for crihook to forward it (proxy/core/validate.py);
 # pass-through methods are forwarded whatever they carry.
 SANDBOX = api_pb2.PodSandboxConfig(metadata=api_pb2.PodSandboxMetadata(name="p", uid="u1"))
 MINIMAL = {

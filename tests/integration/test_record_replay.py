@@ -27,7 +27,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
 from crihook.hooks.node import Topology, parse_cpu_list
-from crihook.proxy.record import RESUME_SECONDS
+from crihook.proxy.record.recorder import RESUME_SECONDS
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
@@ -426,7 +426,7 @@ def _renderer_of(proc: CrihookProcess) -> int:
     for task in Path(f"/proc/{proc.proc.pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"crihook.proxy.record_worker" in cmdline:
+            if b"crihook.proxy.record.worker" in cmdline:
                 found.append(int(child))
     assert len(found) == 1, found
     return found[0]

@@ -16,8 +16,8 @@ import pytest
 
 from bench.procfs import rss_bytes
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from crihook.proxy.records_journal import records_files
-from crihook.proxy.state_cli import load_state
+from crihook.proxy.ops.state_cli import load_state
+from crihook.proxy.state.records_journal import records_files
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
@@ -201,7 +201,7 @@ def test_a_restart_asks_the_runtime_only_about_a_container_whose_update_it_misse
 ) -> None:
     """crihook is killed while the runtime has applied an UpdateContainerResources and not
     answered yet: the record on disk is older than the runtime. The next start takes that
-    container's resources from the runtime, and only that one's (proxy/unsettled.py); a
+    container's resources from the runtime, and only that one's (proxy/state/unsettled.py); a
     clean restart asks about none."""
     node.proc.start()
     with _channel(node.proc) as channel:

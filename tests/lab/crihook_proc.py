@@ -19,7 +19,7 @@ import grpc
 
 from crihook.hooks.node.staging import LinuxStaging
 from crihook.proxy.config import ServerSettings
-from crihook.proxy.state_cli import load_state
+from crihook.proxy.ops.state_cli import load_state
 
 __all__ = [
     "DATA_PATHS",

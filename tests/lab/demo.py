@@ -37,8 +37,8 @@ from pathlib import Path
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
-from crihook.proxy.cpu_map import CpuMap, load_map
-from crihook.proxy.cpu_map_text import render_map, use_colour
+from crihook.proxy.ops.cpu_map import CpuMap, load_map
+from crihook.proxy.ops.cpu_map_text import render_map, use_colour
 from tests.lab import peers
 from tests.lab.cgroups import cgroup_dirs
 from tests.lab.containerd import Containerd

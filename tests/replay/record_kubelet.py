@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from crihook.proxy.log import configure_logging
-from crihook.proxy.replay import replay
-from crihook.proxy.replay_file import read_recording
+from crihook.proxy.replay.file import read_recording
+from crihook.proxy.replay.runner import replay
 from tests.lab import cgroups, peers
 from tests.lab.apiserver import ApiClient, ApiError, ApiServer
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from crihook.proxy.config import settings_from_toml
-from crihook.proxy.observe import EFFECTS
-from crihook.proxy.replay import replay
-from crihook.proxy.replay_cli import replay_command
-from crihook.proxy.replay_explain import explain
-from crihook.proxy.replay_file import CallEntry, Recording, read_recording
+from crihook.proxy.core.observe import EFFECTS
+from crihook.proxy.replay.cli import replay_command
+from crihook.proxy.replay.explain import explain
+from crihook.proxy.replay.file import CallEntry, Recording, read_recording
+from crihook.proxy.replay.runner import replay
 
 HERE = Path(__file__).resolve().parent
 CORPUS = sorted(HERE.glob("*.jsonl"))

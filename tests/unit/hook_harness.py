@@ -39,7 +39,7 @@ from crihook.hooks.spec.views import (
     pod_view_from_config,
     resources_updated,
 )
-from crihook.proxy.merge import apply_change
+from crihook.proxy.chain.merge import apply_change
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.sysfs import GIB, MachineSpec
 

@@ -18,14 +18,14 @@ from typing import Any
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerState, Event, Hook
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import LocalHook, load_local_hook
 from crihook.proxy.config import HookSettings, Settings, settings_from_toml
-from crihook.proxy.local_hooks import LocalHook, load_local_hook
-from crihook.proxy.observe import ObservedHost, ObservedNetlink, ObservedQueries
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.record_format import (
+from crihook.proxy.core.observe import ObservedHost, ObservedNetlink, ObservedQueries
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.core.sync import Synchronizer, SyncReport
+from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.record.lines import (
     call_line,
     encode_line,
     header_line,
@@ -33,9 +33,9 @@ from crihook.proxy.record_format import (
     snapshot_line,
     sync_line,
 )
-from crihook.proxy.redact import Redactor
-from crihook.proxy.store import Store
-from crihook.proxy.sync import Synchronizer, SyncReport
+from crihook.proxy.record.redact import Redactor
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.unit.hook_harness import NODE_MEMORY, SMALL, FakeHost, topology_of
 from tests.unit.netdev_fakes import FakeKernel, FakeNetlink

@@ -22,7 +22,9 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
-from crihook.proxy.chain import BreakerRecord, Chain, ChainEntry, is_exempt
+from crihook.proxy.chain.chain import BreakerRecord, Chain, ChainEntry, is_exempt
+from crihook.proxy.chain.local_hooks import LocalHook
+from crihook.proxy.chain.merge import Merger
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
     HookConflict,
@@ -32,9 +34,7 @@ from crihook.proxy.errors import (
     HookTimeout,
     HookUnavailable,
 )
-from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.merge import Merger
-from crihook.proxy.store import HookStateStore
+from crihook.proxy.state.store import HookStateStore
 
 DEFAULT_PERMISSIONS = [
     "annotation",

@@ -25,7 +25,8 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.permissions import _DECIDED_MAX, DEFAULT_GRANTS, Permissions, parse_grants
 from crihook.proxy.config import HookSettings
 from crihook.proxy.errors import (
     HookInvalidAdjustment,
@@ -33,7 +34,6 @@ from crihook.proxy.errors import (
     HookRejected,
     HookRequired,
 )
-from crihook.proxy.permissions import _DECIDED_MAX, DEFAULT_GRANTS, Permissions, parse_grants
 from tests.unit.test_chain import CONTAINER, POD, create_request, make_chain, make_entry
 
 
@@ -264,7 +264,7 @@ def test_no_adjustment_reaches_the_request_outside_its_grant(
 
 
 def _granted(key: tuple[Field, str], allow: list[str] | None) -> bool:
-    """The rule, restated independently of proxy.permissions: without `allow` labels,
+    """The rule, restated independently of proxy.chain.permissions: without `allow` labels,
     annotations and resources; with it, exactly what it lists (globs on keys)."""
     field, name = key
     if allow is None:
@@ -407,7 +407,7 @@ async def test_a_hooks_own_exception_is_named_and_its_traceback_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     chain = make_chain([make_entry(Returns(KeyError("gpu")), "50-p", failure_policy="ignore")])
-    with caplog.at_level("DEBUG", logger="crihook.proxy.chain"):
+    with caplog.at_level("DEBUG", logger="crihook.proxy.chain.chain"):
         for _ in range(3):
             merger = await run(chain)
     assert "pre_create_container raised KeyError: 'gpu'" in merger.unapplied["50-p"]

@@ -24,7 +24,8 @@ from crihook.hooks.spec import (
     TopologyHint,
     subscriptions_of,
 )
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import load_local_hook
 from crihook.proxy.config import HookSettings
 from crihook.proxy.errors import (
     ConfigError,
@@ -33,7 +34,6 @@ from crihook.proxy.errors import (
     HookRejected,
     HookTimeout,
 )
-from crihook.proxy.local_hooks import load_local_hook
 from tests.unit.test_chain import CONTAINER, POD, create_request, make_chain, make_entry
 
 EXEMPT_POD = PodView(id="sb2", uid="u2", name="agent", namespace="kube-system")

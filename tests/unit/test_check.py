@@ -15,7 +15,9 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import cgroup_version
-from crihook.proxy.check import (
+from crihook.proxy.cli import build_parser, main
+from crihook.proxy.config import Settings, apply_flags
+from crihook.proxy.ops.check import (
     Finding,
     Level,
     cgroup_driver_from_info,
@@ -25,9 +27,7 @@ from crihook.proxy.check import (
     kubelet_findings,
     read_kubelet,
 )
-from crihook.proxy.cli import build_parser, main
-from crihook.proxy.config import Settings, apply_flags
-from crihook.proxy.kubelet_settings import (
+from crihook.proxy.ops.kubelet_settings import (
     KubeletConfigError,
     KubeletSetting,
     parse_kubelet_config,

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from crihook.proxy import config as config_module
+from crihook.proxy.chain.local_hooks import load_local_hook
+from crihook.proxy.chain.plugins import parse_dropin
 from crihook.proxy.cli import build_parser
 from crihook.proxy.config import HOOK_KEYS, HookSettings, Settings, settings_from_toml
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.local_hooks import load_local_hook
-from crihook.proxy.plugins import parse_dropin
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 # Heading → the table's place in the config ("" top level, "hook" a [hooks.<name>] table).

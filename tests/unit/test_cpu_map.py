@@ -22,10 +22,10 @@ from crihook.hooks.cpus.pool import Bubble, Holder
 from crihook.hooks.devices.pools import Allocation
 from crihook.hooks.node import Topology, format_cpu_list
 from crihook.proxy.cli import main
-from crihook.proxy.cpu_map import MORE, CpuMap, MapError, build_map, load_map
-from crihook.proxy.cpu_map_cli import show_map
-from crihook.proxy.cpu_map_text import render_map, use_colour
-from crihook.proxy.state_cli import STALE_SECONDS
+from crihook.proxy.ops.cpu_map import MORE, CpuMap, MapError, build_map, load_map
+from crihook.proxy.ops.cpu_map_cli import show_map
+from crihook.proxy.ops.cpu_map_text import render_map, use_colour
+from crihook.proxy.ops.state_cli import STALE_SECONDS
 from tests.lab.map_reading import drawn
 from tests.lab.sysfs import (
     EPYC_256_8NUMA,

@@ -1,4 +1,4 @@
-"""Which plugin drop-ins crihook reads (proxy/dropin_files.py), on real files owned and
+"""Which plugin drop-ins crihook reads (proxy/chain/dropin_files.py), on real files owned and
 moded as an attacker or a careless admin would leave them: only what root (or crihook's uid)
 could have written, as sshd's StrictModes. The watcher's side (logged once, counted, the
 chain left alone) is in test_plugin_directory below; the end-to-end refusal of a user's
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.dropin_files import Distrust, read_dropins
+from crihook.proxy.chain.plugins import PluginDirectory, crihook_sockets, load_dropins
 from crihook.proxy.config import ChainSettings, Settings, apply_flags
-from crihook.proxy.dropin_files import Distrust, read_dropins
-from crihook.proxy.plugins import PluginDirectory, crihook_sockets, load_dropins
 from tests.lab.crihook_proc import short_tmpdir
 
 NOBODY = 65534
@@ -157,7 +157,7 @@ def test_a_refused_drop_in_is_logged_once_and_counted(
 ) -> None:
     path = dropin(plugins, mode=0o666)
     watcher = _watcher(plugins)
-    with caplog.at_level(logging.ERROR, "crihook.proxy.plugins"):
+    with caplog.at_level(logging.ERROR, "crihook.proxy.chain.plugins"):
         for _ in range(3):
             asyncio.run(watcher.scan())
     refused = [r.getMessage() for r in caplog.records]
@@ -175,7 +175,7 @@ def test_a_refused_directory_changes_nothing_and_is_logged_once(
     dropin(plugins)
     plugins.chmod(0o777)
     watcher = _watcher(plugins)
-    with caplog.at_level(logging.WARNING, "crihook.proxy.plugins"):
+    with caplog.at_level(logging.WARNING, "crihook.proxy.chain.plugins"):
         asyncio.run(watcher.scan())
         asyncio.run(watcher.scan())
         plugins.chmod(0o755)

@@ -23,9 +23,9 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.cpus.pool import CpuPool
 from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.spec import ResourceDelta
-from crihook.proxy.merge import PendingGroup, next_order
-from crihook.proxy.store import Store
-from crihook.proxy.updates import ContainerUpdater
+from crihook.proxy.chain.merge import PendingGroup, next_order
+from crihook.proxy.core.updates import ContainerUpdater
+from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.hook_harness import SMALL, Node, burstable, guaranteed, topology_of
 from tests.unit.test_store import container, pod

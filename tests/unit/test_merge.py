@@ -21,8 +21,15 @@ from crihook.hooks.spec.adjustment import (
     describe_key,
 )
 from crihook.hooks.spec.events import Event
+from crihook.proxy.chain.merge import (
+    _PARTS,
+    _WRITERS,
+    ALLOWED_FIELDS,
+    Merger,
+    apply_change,
+    jsonable,
+)
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
-from crihook.proxy.merge import _PARTS, _WRITERS, ALLOWED_FIELDS, Merger, apply_change, jsonable
 
 MiB = 1 << 20
 

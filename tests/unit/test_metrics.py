@@ -19,15 +19,15 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
-from crihook.proxy.call_log import call_fields
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
-from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.metrics import Histogram, Metrics, Sources, _histogram, method_label
-from crihook.proxy.outcome import Outcome, Status
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.store import Store
-from crihook.proxy.updates import WINDOW_BUCKETS
+from crihook.proxy.core.updates import WINDOW_BUCKETS
+from crihook.proxy.cri.outcome import Outcome, Status
+from crihook.proxy.ops.call_log import call_fields
+from crihook.proxy.ops.metrics import Histogram, Metrics, Sources, _histogram, method_label
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.metrics_scrape import parse, value
 
 
@@ -135,7 +135,7 @@ def test_an_outcome_counts_the_call_and_each_hook_run(tmp_path: Path) -> None:
 
 
 def test_fields_changed_after_crihook_are_counted_by_field(tmp_path: Path) -> None:
-    """proxy.readback's counts, read when scraped."""
+    """proxy.core.readback's counts, read when scraped."""
     chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
     counts = {"env": 2, "cpuset_cpus": 1}
     metrics = Metrics(
@@ -153,7 +153,7 @@ def test_fields_changed_after_crihook_are_counted_by_field(tmp_path: Path) -> No
 
 
 def test_the_update_window_is_a_histogram_read_when_scraped(tmp_path: Path) -> None:
-    """proxy.updates' window: from a container due new resources until they were applied."""
+    """proxy.core.updates' window: from a container due new resources until they were applied."""
     chain = Chain(ChainSettings(), lambda name: None)  # type: ignore[arg-type,return-value]
     window = Histogram(WINDOW_BUCKETS)
     metrics = Metrics(

@@ -1,4 +1,4 @@
-"""node.json (`proxy.node_doc`): what the resource hooks place with, worked out from their
+"""node.json (`proxy.ops.node_doc`): what the resource hooks place with, worked out from their
 settings by their own functions, on the node's topology."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from crihook.hooks.node import Topology
 from crihook.proxy.config import settings_from_toml
-from crihook.proxy.node_doc import NODE_FILE, node_doc, write_node_doc
+from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, write_node_doc
 from tests.lab.sysfs import DUAL_SOCKET_SMT2_2NUMA, write_sysfs
 
 

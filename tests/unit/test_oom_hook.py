@@ -16,10 +16,10 @@ from crihook.hooks.oom import hook as oom_hook
 from crihook.hooks.oom.hook import OomHook, OomOptions, chosen_score, parse_options
 from crihook.hooks.oom.policy import ScoreClamp, ScoreRange, ScoreRanges
 from crihook.hooks.spec import Event, Field, InvalidRequest, PodView, QoSClass, Stage
-from crihook.proxy import observe
-from crihook.proxy.observe import ObservedQueries
-from crihook.proxy.replay_seams import RecordedNode
-from crihook.proxy.store import Store
+from crihook.proxy.core import observe
+from crihook.proxy.core.observe import ObservedQueries
+from crihook.proxy.replay.seams import RecordedNode
+from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.hook_harness import (
     GIB,

@@ -17,8 +17,8 @@ from bench import payloads
 from bench.pipeline_cost import CHOICES, StandIn, build, loop_cpu, main, take_work_out
 from bench.run import SCENARIOS, Scenario
 from crihook.hooks.spec import Event, Stage
-from crihook.proxy.chain import ChainEntry
-from crihook.proxy.pipeline import Pipeline
+from crihook.proxy.chain.chain import ChainEntry
+from crihook.proxy.core.pipeline import Pipeline
 
 
 def _scenario(name: str) -> Scenario:

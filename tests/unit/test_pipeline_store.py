@@ -14,13 +14,13 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.examples.annotate import AnnotateHook
 from crihook.hooks.spec import Adjustment, Event, Hook, HookContext
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
-from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.store import Store
-from crihook.proxy.sync import netns_from_verbose_info
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.core.sync import netns_from_verbose_info
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 
 CONTAINER_ID = "c" * 64

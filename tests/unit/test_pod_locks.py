@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from crihook.proxy.pipeline import _PodLocks
+from crihook.proxy.core.pipeline import _PodLocks
 
 
 async def test_calls_of_one_pod_run_one_at_a_time_in_arrival_order() -> None:

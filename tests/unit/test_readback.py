@@ -1,4 +1,4 @@
-"""Read-back: the fields hooks set, against the OCI spec the runtime made (proxy.readback)."""
+"""Read-back: the fields hooks set, against the OCI spec the runtime made (proxy.core.readback)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView
 from crihook.hooks.spec.adjustment import REMOVE, Field, FieldKey
-from crihook.proxy.outcome import RuntimeCallFailed, Status
-from crihook.proxy.readback import Change, ReadBack, changes
-from crihook.proxy.store import ContainerRecord, Store
+from crihook.proxy.core.readback import Change, ReadBack, changes
+from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.state.store import ContainerRecord, Store
 
 SPEC: dict[str, Any] = {
     "process": {"env": ["PATH=/bin", "A=1", "A=2", "B=x"], "oomScoreAdj": 0},

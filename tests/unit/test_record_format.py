@@ -19,6 +19,7 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
 from crihook.hooks.spec import Adjustment, Event, ResourceDelta, Stage
 from crihook.hooks.spec.adjustment import REMOVE, Field, describe_key, parse_key
+from crihook.proxy.chain.merge import from_jsonable
 from crihook.proxy.config import (
     DEFAULT_REDACT_ANNOTATIONS,
     DEFAULT_REDACT_VALUES,
@@ -28,12 +29,11 @@ from crihook.proxy.config import (
     settings_from_toml,
 )
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.merge import from_jsonable
-from crihook.proxy.outcome import HookRun
-from crihook.proxy.record_format import adjustment_of, hook_docs, message_doc
-from crihook.proxy.redact import REDACTED, Redactor
-from crihook.proxy.render import render
-from crihook.proxy.replay_diff import ABSENT, Difference, field_diff
+from crihook.proxy.cri.outcome import HookRun
+from crihook.proxy.record.lines import adjustment_of, hook_docs, message_doc
+from crihook.proxy.record.redact import REDACTED, Redactor
+from crihook.proxy.record.render import render
+from crihook.proxy.replay.diff import ABSENT, Difference, field_diff
 from tests.lab.kubelet_encoding import (
     ContainerSpec,
     PodSpec,

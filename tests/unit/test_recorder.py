@@ -21,10 +21,10 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event, PodView
 from crihook.proxy.config import RecordSettings
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.record import RESUME_SECONDS, Recorder
-from crihook.proxy.record_format import call_line, encode_line
-from crihook.proxy.replay_file import read_recording
+from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.record.lines import call_line, encode_line
+from crihook.proxy.record.recorder import RESUME_SECONDS, Recorder
+from crihook.proxy.replay.file import read_recording
 from tests.lab.crihook_proc import PATIENCE
 from tests.unit.test_replay_file import header, sync
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from crihook.hooks.spec import Adjustment, Hook, HookContext, Reject
 from crihook.proxy.config import settings_from_toml
-from crihook.proxy.replay import replay
-from crihook.proxy.replay_cli import write_updated
-from crihook.proxy.replay_file import read_recording
+from crihook.proxy.replay.cli import write_updated
+from crihook.proxy.replay.file import read_recording
+from crihook.proxy.replay.runner import replay
 from tests.unit.test_replay_file import call, header, sync, write
 
 

@@ -14,12 +14,12 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
 from crihook.hooks.node.topology import CPUInfo
-from crihook.proxy.chain import BreakerRecord
+from crihook.proxy.chain.chain import BreakerRecord
 from crihook.proxy.config import Settings
 from crihook.proxy.config_doc import settings_doc
-from crihook.proxy.record_format import FORMAT
-from crihook.proxy.replay_cli import replay_command
-from crihook.proxy.replay_file import CallEntry, RecordingError, SyncEntry, read_recording
+from crihook.proxy.record.lines import FORMAT
+from crihook.proxy.replay.cli import replay_command
+from crihook.proxy.replay.file import CallEntry, RecordingError, SyncEntry, read_recording
 
 TOPOLOGY = Topology.build([CPUInfo(0, 0, 0, 0, 0, -1), CPUInfo(1, 0, 0, 1, 0, -1)])
 

@@ -16,15 +16,15 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import LinkInfo
-from crihook.proxy import observe
 from crihook.proxy.config import settings_from_toml
-from crihook.proxy.observe import EFFECTS, ObservedNetlink
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.replay import replay
-from crihook.proxy.replay_cli import replay_command
-from crihook.proxy.replay_file import CallEntry, read_recording
-from crihook.proxy.replay_seams import RecordedNetlink, RecordedNode
-from crihook.proxy.store import Store
+from crihook.proxy.core import observe
+from crihook.proxy.core.observe import EFFECTS, ObservedNetlink
+from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.replay.cli import replay_command
+from crihook.proxy.replay.file import CallEntry, read_recording
+from crihook.proxy.replay.runner import replay
+from crihook.proxy.replay.seams import RecordedNetlink, RecordedNode
+from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.netdev_fakes import HOST, FakeKernel, FakeNetlink
 from tests.unit.record_harness import RecordingNode

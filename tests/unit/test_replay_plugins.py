@@ -27,12 +27,12 @@ from crihook.hooks.spec import (
     Stage,
 )
 from crihook.proxy.config import HookSettings, Settings, settings_from_toml
-from crihook.proxy.outcome import Outcome
-from crihook.proxy.replay import replay
-from crihook.proxy.replay_cli import replay_command, write_updated
-from crihook.proxy.replay_diff import ABSENT
-from crihook.proxy.replay_file import CallEntry, SyncEntry, read_recording
-from crihook.proxy.replay_plugins import failure_of, refusal_of
+from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.replay.cli import replay_command, write_updated
+from crihook.proxy.replay.diff import ABSENT
+from crihook.proxy.replay.file import CallEntry, SyncEntry, read_recording
+from crihook.proxy.replay.plugins import failure_of, refusal_of
+from crihook.proxy.replay.runner import replay
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.record_harness import RecordingNode
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy import sdnotify
+from crihook.proxy.ops import sdnotify
 
 # sun_path holds 108 bytes including the NUL; deep pytest tmp dirs can exceed it.
 _SUN_PATH_MAX = 107

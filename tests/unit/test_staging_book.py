@@ -18,8 +18,8 @@ from crihook.hooks.devices.staged import StagingBook, container_key
 from crihook.hooks.node.staging import mount_points_below, open_no_symlinks
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import ContainerView, InvalidRequest
-from crihook.proxy.check import staging_findings
 from crihook.proxy.config import Settings, apply_flags
+from crihook.proxy.ops.check import staging_findings
 from tests.lab.kubelet_encoding import PodSpec
 from tests.unit.devices_fakes import FakeFiles
 from tests.unit.hook_harness import SMALL, Node, burstable, topology_of

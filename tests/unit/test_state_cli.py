@@ -13,8 +13,8 @@ import pytest
 
 from crihook.proxy.cli import main
 from crihook.proxy.errors import StateDirInUseError
-from crihook.proxy.state_cli import STALE_SECONDS, liveness, process_of, render_state
-from crihook.proxy.state_dir import LOCK_FILE, hold_state_dir, state_dir_holder
+from crihook.proxy.ops.state_cli import STALE_SECONDS, liveness, process_of, render_state
+from crihook.proxy.state.directory import LOCK_FILE, hold_state_dir, state_dir_holder
 
 NOW = 1_800_000_000.0
 HOOK = {
@@ -145,7 +145,7 @@ def test_a_container_shows_what_kubelet_said_of_it_and_no_kind_it_did_not() -> N
 HOLDER = """
 import sys, time
 from pathlib import Path
-from crihook.proxy.state_dir import hold_state_dir
+from crihook.proxy.state.directory import hold_state_dir
 lock = hold_state_dir(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(600)

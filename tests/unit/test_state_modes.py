@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy.record_file import RecordFile
-from crihook.proxy.state_dir import secure_state_dir
-from crihook.proxy.store import JournalFile, write_atomic
+from crihook.proxy.record.file import RecordFile
+from crihook.proxy.state.directory import secure_state_dir
+from crihook.proxy.state.store import JournalFile, write_atomic
 
 
 def mode(path: Path) -> int:

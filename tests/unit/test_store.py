@@ -23,12 +23,11 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
-from crihook.proxy import store as store_module
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.errors import CrihookError, StateWriteError
-from crihook.proxy.runtime_client import RuntimeClient
-from crihook.proxy.state_cli import load_state, render_state
-from crihook.proxy.store import (
+from crihook.proxy.ops.state_cli import load_state, render_state
+from crihook.proxy.state import store as store_module
+from crihook.proxy.state.store import (
     STORE_FILE,
     WRITE_BEHIND_SECONDS,
     ContainerRecord,
@@ -36,6 +35,7 @@ from crihook.proxy.store import (
     Store,
     write_atomic,
 )
+from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 from tests.lab.crihook_proc import short_tmpdir
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.small_disk import SmallDisk, small_disk

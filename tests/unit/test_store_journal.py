@@ -1,5 +1,6 @@
 """The store's incremental layout: records appended to a journal, snapshots compacted in the
-background, old store.json files upgraded in place (proxy/store.py, proxy/records_journal.py)."""
+background, old store.json files upgraded in place (proxy/state/store.py,
+proxy/state/records_journal.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy import store as store_module
-from crihook.proxy.records_journal import records_files
-from crihook.proxy.state_cli import load_state
-from crihook.proxy.store import STORE_FILE, WRITE_BEHIND_SECONDS, Store
+from crihook.proxy.ops.state_cli import load_state
+from crihook.proxy.state import store as store_module
+from crihook.proxy.state.records_journal import records_files
+from crihook.proxy.state.store import STORE_FILE, WRITE_BEHIND_SECONDS, Store
 from tests.unit.test_store import container, crash, loaded, pod, wait_until
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy.check import read_kubelet
 from crihook.proxy.config import Settings
-from crihook.proxy.kubelet_settings import parse_kubelet_config
-from crihook.proxy.watchdog import PINGS_PER_TIMEOUT
+from crihook.proxy.ops.check import read_kubelet
+from crihook.proxy.ops.kubelet_settings import parse_kubelet_config
+from crihook.proxy.ops.watchdog import PINGS_PER_TIMEOUT
 from tests.unit.test_deploy_files import (
     DROPIN,
     UNIT,

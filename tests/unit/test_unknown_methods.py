@@ -6,8 +6,8 @@ from typing import Any
 
 import grpc
 
-from crihook.proxy import server as server_module
-from crihook.proxy.passthrough import Readiness
+from crihook.proxy.wire.grpc import server as server_module
+from crihook.proxy.wire.grpc.passthrough import Readiness
 
 
 class Runtime:

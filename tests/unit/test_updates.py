@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from crihook.hooks.spec import ContainerUpdate, ResourceDelta
-from crihook.proxy.merge import PendingUpdate
-from crihook.proxy.outcome import RuntimeCallFailed, Status
-from crihook.proxy.store import Store
-from crihook.proxy.updates import ContainerUpdater
+from crihook.proxy.chain.merge import PendingUpdate
+from crihook.proxy.core.updates import ContainerUpdater
+from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.state.store import Store
 from tests.unit.test_store import container, pod
 
 

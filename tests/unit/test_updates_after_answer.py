@@ -22,14 +22,14 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Adjustment, Event, Hook, HookContext, ResourceDelta
-from crihook.proxy import updates as updates_module
-from crihook.proxy.chain import Chain
+from crihook.proxy.chain.chain import Chain
+from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
-from crihook.proxy.local_hooks import LocalHook
-from crihook.proxy.outcome import RuntimeCallFailed, Status
-from crihook.proxy.passthrough import Readiness
-from crihook.proxy.pipeline import Pipeline
-from crihook.proxy.store import Store
+from crihook.proxy.core import updates as updates_module
+from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 from tests.unit.test_store import container, pod
 

@@ -9,8 +9,8 @@ from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
-from crihook.proxy.methods import INTERCEPTED
-from crihook.proxy.validate import MAX_KEPT_BYTES, check_request, check_resources, check_wire
+from crihook.proxy.core.validate import MAX_KEPT_BYTES, check_request, check_resources, check_wire
+from crihook.proxy.cri.methods import INTERCEPTED
 
 
 def varint(value: int) -> bytes:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from crihook.proxy.watchdog import keep_alive
+from crihook.proxy.ops.watchdog import keep_alive
 from tests.lab.crihook_proc import PATIENCE
 
 

@@ -1,0 +1,1 @@
+"""Hooks as a chain: order, permissions, merging, in-process and plugin hooks."""

@@ -1,0 +1,1 @@
+"""The transport-free call path: Pipeline.handle -> Outcome, sync and updates."""

@@ -1,0 +1,1 @@
+"""The CRI vocabulary every wing shares: methods, outcomes, their labels."""

@@ -1,0 +1,1 @@
+"""The operator's surface: check, state, CPU map, metrics, logs, systemd."""

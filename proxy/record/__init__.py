@@ -1,0 +1,1 @@
+"""Recording calls: the recorder, the line format, the file, the renderer."""

@@ -1,0 +1,1 @@
+"""`crihook replay`: recorded calls through the real pipeline, diffs."""

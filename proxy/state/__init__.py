@@ -1,0 +1,1 @@
+"""What crihook remembers: pods, containers, hook state, journals, reconcile."""

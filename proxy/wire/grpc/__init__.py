@@ -1,0 +1,1 @@
+"""The grpc.aio data path: server, pass-through and the runtime client."""
