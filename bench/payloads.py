@@ -241,9 +241,30 @@ KUBELET_CAPTURED = Path(__file__).resolve().parent / "kubelet_captured"
 KUBELET_CONTAINER_LABEL = "io.kubernetes.container.name"
 
 
-def kubelet_run_pod_sandbox_request() -> bytes:
-    """The RunPodSandboxRequest a real kubelet sent, byte for byte as recorded."""
-    return (KUBELET_CAPTURED / "RunPodSandbox.bin").read_bytes()
+def kubelet_run_pod_sandbox_request(marked: bool = False) -> bytes:
+    """The RunPodSandboxRequest a real kubelet sent, byte for byte as recorded.
+
+    ``marked``: a pod per request instead: NAME_MARKER in the pod's name and at the end of its
+    uid, wherever kubelet wrote them (labels, log directory, cgroup parent); re-encoded by
+    protobuf, as the CreateContainer below."""
+    recorded = (KUBELET_CAPTURED / "RunPodSandbox.bin").read_bytes()
+    if not marked:
+        return recorded
+    request = api_pb2.RunPodSandboxRequest.FromString(recorded)
+    config = request.config
+    old_uid, old_name = config.metadata.uid, config.metadata.name
+    uid = old_uid[: -len(NAME_MARKER)] + NAME_MARKER
+    name = f"{old_name}-{NAME_MARKER}"
+
+    def mark(text: str) -> str:
+        return text.replace(old_uid, uid).replace(f"_{old_name}_", f"_{name}_")
+
+    config.metadata.uid, config.metadata.name = uid, name
+    config.log_directory = mark(config.log_directory)
+    config.linux.cgroup_parent = mark(config.linux.cgroup_parent)
+    for key, value in list(config.labels.items()):
+        config.labels[key] = name if value == old_name else mark(value)
+    return request.SerializeToString()
 
 
 def kubelet_create_container_request() -> bytes:

@@ -269,6 +269,8 @@ METHODS: tuple[Method, ...] = (
     Method("ListContainers", payloads.LIST_CONTAINERS, "pass-through"),
     Method("CreateContainer", payloads.CREATE_CONTAINER, "intercepted"),
 )
+KUBELET_RUN = Method("RunPodSandbox", payloads.RUN_POD_SANDBOX, "intercepted")
+"""Fake runtime with --kubelet-requests only: kubelet's captured RunPodSandbox, a pod per call."""
 LIFECYCLE = Method("RunPodSandbox+StopPodSandbox", payloads.RUN_POD_SANDBOX, "lifecycle")
 """Real containerd only, one at a time: a pod sandbox made and stopped (removed untimed)."""
 LIFECYCLE_MIN_COUNT = 10
@@ -408,6 +410,10 @@ class FakeBackend:
                 payloads.NAME_MARKER,
             ),
         }
+        if kubelet_requests:
+            self._payloads[KUBELET_RUN.name] = Payload(
+                payloads.kubelet_run_pod_sandbox_request(marked=True), payloads.NAME_MARKER
+            )
 
     def pids(self) -> list[int]:
         return [self._proc.pid]
@@ -745,7 +751,7 @@ class Bench:
         self.backends: dict[str, Backend] = {}
         self.crihooks: dict[tuple[str, str], Crihook | GoProxy] = {}
         self.scenarios = [s for s in SCENARIOS if s.name in args.scenarios]
-        self.methods = {m.name: m for m in (*METHODS, LIFECYCLE)}
+        self.methods = {m.name: m for m in (*METHODS, KUBELET_RUN, LIFECYCLE)}
         self.lifecycle = args.lifecycle or any(s.lifecycle for s in self.scenarios)
         self._next_index = 0
         self.tools_env = (
@@ -800,6 +806,8 @@ class Bench:
     def _methods_of(self, backend: str) -> tuple[Method, ...]:
         if backend == "containerd" and self.lifecycle:
             return (*METHODS, LIFECYCLE)
+        if backend == "fake" and self.args.kubelet_requests:
+            return (*METHODS, KUBELET_RUN)
         return METHODS
 
     def cells(self) -> list[Cell]:
@@ -985,7 +993,7 @@ def _fmt(value: float | None, kind: str = "int") -> str:
 
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:
-    kinds = {m.name: m.kind for m in (*METHODS, LIFECYCLE)}
+    kinds = {m.name: m.kind for m in (*METHODS, KUBELET_RUN, LIFECYCLE)}
     head = (
         "| backend | method | c | path | p50 µs | p99 µs | req/s | added p50 µs (min…max) "
         f"| p50 {TIMES} | p99 {TIMES} | req/s {TIMES} | crihook CPU µs/call "
@@ -1289,7 +1297,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--kubelet-requests", action="store_true",
         help="the fake runtime's CreateContainer cells send the request a real kubelet sent "
-        "(bench/kubelet_captured, from the kubelet corpus) instead of the bench's own pod",
+        "(bench/kubelet_captured, from the kubelet corpus) instead of the bench's own pod, and "
+        "a RunPodSandbox cell sends kubelet's captured RunPodSandbox (a pod per call)",
     )  # fmt: skip
     p.add_argument(
         "--kubelet", action="store_true",

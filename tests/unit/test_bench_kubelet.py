@@ -34,6 +34,30 @@ def test_the_kubelet_create_container_request_is_kubelets_with_a_name_per_reques
     assert sandbox.config.metadata == captured.sandbox_config.metadata
 
 
+def test_the_marked_kubelet_run_pod_sandbox_is_a_pod_per_request() -> None:
+    captured = api_pb2.RunPodSandboxRequest.FromString(payloads.kubelet_run_pod_sandbox_request())
+    marked = payloads.kubelet_run_pod_sandbox_request(marked=True)
+    first = api_pb2.RunPodSandboxRequest.FromString(marked.replace(b"@@@@@@@@@@", b"0000000001"))
+    second = api_pb2.RunPodSandboxRequest.FromString(marked.replace(b"@@@@@@@@@@", b"0000000002"))
+
+    old_uid = captured.config.metadata.uid
+    uid = first.config.metadata.uid
+    assert len(uid) == len(old_uid) and uid.endswith("0000000001")
+    assert uid != second.config.metadata.uid
+    assert first.config.metadata.name == "burstable-0000000001"
+    assert first.config.labels["io.kubernetes.pod.uid"] == uid
+    assert first.config.labels["io.kubernetes.pod.name"] == first.config.metadata.name
+    assert first.config.log_directory.endswith(f"default_burstable-0000000001_{uid}")
+    assert first.config.linux.cgroup_parent.endswith(f"/pod{uid}")
+    # Nothing else changed: put kubelet's names back and it is the captured request.
+    marked_back = marked.replace(b"@@@@@@@@@@", old_uid[-10:].encode())
+    back = api_pb2.RunPodSandboxRequest.FromString(marked_back)
+    name = f"burstable-{old_uid[-10:]}"
+    back.config.metadata.name = back.config.labels["io.kubernetes.pod.name"] = "burstable"
+    back.config.log_directory = back.config.log_directory.replace(name, "burstable")
+    assert back == captured
+
+
 def test_the_kubelet_report_pairs_each_rep_with_its_direct_start() -> None:
     text = report(
         "1.6",
