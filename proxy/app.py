@@ -58,6 +58,7 @@ from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.early import Claimed, claim
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
@@ -67,7 +68,6 @@ from crihook.proxy.ops.watchdog import keep_alive
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state.store import Store
 from crihook.proxy.state.unsettled import UnsettledRuntime
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 from crihook.proxy.wire.h2.runtime_client import Flusher, H2RuntimeClient
 from crihook.proxy.wire.h2.server import H2Server

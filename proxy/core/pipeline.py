@@ -46,9 +46,9 @@ from crihook.proxy.core.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerU
 from crihook.proxy.core.validate import check_request, check_resources, check_wire
 from crihook.proxy.cri.methods import INTERCEPTED, method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = ["Pipeline"]
 

@@ -57,8 +57,8 @@ from crihook.proxy.core.histogram import Histogram
 from crihook.proxy.core.updates import WINDOW_BUCKETS
 from crihook.proxy.cri.method_labels import INTERCEPTED, OTHER_METHOD, PASSTHROUGH, method_label
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = [
     "CALL_BUCKETS",

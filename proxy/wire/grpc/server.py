@@ -20,11 +20,11 @@ from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.ops.metrics import OTHER_METHOD, Metrics, measured_handler
 from crihook.proxy.wire.grpc.passthrough import (
     Observer,
     PassthroughRecord,
-    Readiness,
     call_options,
     stream_stream_handler,
     unary_handler,
