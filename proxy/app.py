@@ -44,7 +44,6 @@ from crihook.hooks.node import (
     PyrouteNetlink,
     Staging,
     Topology,
-    TopologyError,
 )
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
@@ -60,10 +59,9 @@ from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, Sync
 from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.early import Claimed, claim
-from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
 from crihook.proxy.ops.call_log import CallLog
-from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, write_node_doc
+from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, read_topology, write_node_doc
 from crihook.proxy.ops.watchdog import keep_alive
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state.store import Store
@@ -578,15 +576,6 @@ def _tell_all(
             listener(outcome)
 
     return tell
-
-
-def read_topology(settings: Settings) -> Topology:
-    """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
-    cannot be read (exit 2 at start)."""
-    try:
-        return Topology.from_sysfs(settings.node.sysfs_root)
-    except TopologyError as exc:
-        raise ConfigError("--sysfs-root", str(exc)) from None
 
 
 async def run(settings: Settings, claimed: Claimed | None = None) -> int:

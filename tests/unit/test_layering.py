@@ -209,7 +209,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     # Symbols in the wrong wing (step 2): Readiness, read_topology, the grant grammar,
     # the handler and observer protocols, and record.lines' header part.
     ("crihook.proxy.config", "crihook.proxy.chain.permissions"),
-    ("crihook.proxy.ops.check", "crihook.proxy.app"),
     ("crihook.proxy.record.lines", "crihook.proxy.chain.chain"),
     ("crihook.proxy.record.lines", "crihook.proxy.chain.merge"),
     ("crihook.proxy.record.lines", "crihook.proxy.core.observe"),
