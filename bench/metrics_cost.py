@@ -31,8 +31,9 @@ from crihook.proxy.chain.chain import Chain
 from crihook.proxy.config import ChainSettings
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.cri.readiness import Readiness
-from crihook.proxy.ops.metrics import Metrics, Sources, measured_handler
+from crihook.proxy.ops.metrics import Metrics, Sources
 from crihook.proxy.state.store import Store
+from crihook.proxy.wire.grpc.server import measured_handler
 
 N, REPS = 5000, 9
 

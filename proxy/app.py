@@ -56,6 +56,7 @@ from crihook.proxy.core.memory_trim import MemoryTrim
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.cri.handler import Serving
 from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.early import Claimed, claim
@@ -395,9 +396,7 @@ class App:
             else:
                 failing = False
 
-    async def _start_server(
-        self, path: Path, listener: socket.socket | None
-    ) -> grpc.aio.Server | H2Server:
+    async def _start_server(self, path: Path, listener: socket.socket | None) -> Serving:
         """The kubelet-facing server of the configured data path, listening on `path` (on
         `listener`, bound there already, for the h2 data path)."""
         settings = self.settings
@@ -429,7 +428,8 @@ class App:
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
-        return server
+        serving: Serving = server  # grpc.aio.Server (grpcio has no type hints)
+        return serving
 
     async def _watch_socket(self, path: Path, inode: int, stop: asyncio.Event) -> None:
         """grpc's aio server can stop serving by itself: in grpcio 1.85 a request whose method
@@ -452,9 +452,7 @@ class App:
                 stop.set()
                 return
 
-    async def _start(
-        self, listener: socket.socket | None
-    ) -> tuple[grpc.aio.Server | H2Server, MetricsServer | None]:
+    async def _start(self, listener: socket.socket | None) -> tuple[Serving, MetricsServer | None]:
         """Everything up to the server taking calls (UNAVAILABLE until ready): the store
         loaded, hooks built and started, the metrics and the kubelet socket served."""
         settings = self.settings

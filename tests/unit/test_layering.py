@@ -212,10 +212,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("crihook.proxy.record.lines", "crihook.proxy.chain.merge"),
     ("crihook.proxy.record.lines", "crihook.proxy.core.observe"),
     ("crihook.proxy.record.lines", "crihook.proxy.state.store"),
-    ("crihook.proxy.wire.grpc.server", "crihook.proxy.core.pipeline"),
-    ("crihook.proxy.wire.grpc.server", "crihook.proxy.ops.metrics"),
-    ("crihook.proxy.wire.h2.server", "crihook.proxy.core.pipeline"),
-    ("crihook.proxy.wire.h2.server", "crihook.proxy.ops.metrics"),
     # Built-in hooks by name (step 3): their reports move behind the registry.
     ("crihook.proxy.ops.cpu_map", "crihook.hooks.devices.pools"),
     ("crihook.proxy.ops.cpu_map", "crihook.hooks.numa"),
