@@ -53,12 +53,11 @@ from crihook.hooks.spec import (
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
 from crihook.proxy.chain.chain import BreakerRecord, Chain
-from crihook.proxy.chain.merge import from_jsonable, jsonable
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc
-from crihook.proxy.core.observe import Observation
 from crihook.proxy.cri.methods import INTERCEPTED
-from crihook.proxy.cri.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
+from crihook.proxy.cri.outcome import HookRun, Metadata, Observation, Outcome, SentUpdate, Status
+from crihook.proxy.cri.values import from_jsonable, jsonable
 from crihook.proxy.record.redact import REDACTED, Redactor
 from crihook.proxy.record.render import changes, render
 

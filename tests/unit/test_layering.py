@@ -209,8 +209,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     # Symbols in the wrong wing (step 2): Readiness, read_topology, the grant grammar,
     # the handler and observer protocols, and record.lines' header part.
     ("crihook.proxy.record.lines", "crihook.proxy.chain.chain"),
-    ("crihook.proxy.record.lines", "crihook.proxy.chain.merge"),
-    ("crihook.proxy.record.lines", "crihook.proxy.core.observe"),
     ("crihook.proxy.record.lines", "crihook.proxy.state.store"),
     # Built-in hooks by name (step 3): their reports move behind the registry.
     ("crihook.proxy.ops.cpu_map", "crihook.hooks.devices.pools"),
