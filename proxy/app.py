@@ -246,7 +246,7 @@ class App:
 
     # --- recording -----------------------------------------------------------------------
     def _header_line(self) -> dict[str, Any]:
-        from crihook.proxy.record.lines import header_line
+        from crihook.proxy.record.header import header_line
         from crihook.proxy.record.recorder import device_pool_facts
 
         pools, facts = device_pool_facts(self.settings, self._files)
@@ -259,19 +259,19 @@ class App:
         here on."""
         assert self.recorder is not None
         plugins = [entry.settings for entry in self.chain.plugins]
-        from crihook.proxy.record.lines import plugins_line
+        from crihook.proxy.record.header import plugins_line
 
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
-        from crihook.proxy.record.lines import snapshot_line
+        from crihook.proxy.record.header import snapshot_line
 
         assert self.recorder is not None
         return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None
-        from crihook.proxy.record.lines import sync_line
+        from crihook.proxy.record.header import sync_line
 
         line = sync_line(
             "sync",

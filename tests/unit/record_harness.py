@@ -26,14 +26,8 @@ from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.sync import Synchronizer, SyncReport
 from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
-from crihook.proxy.record.lines import (
-    call_line,
-    encode_line,
-    header_line,
-    plugins_line,
-    snapshot_line,
-    sync_line,
-)
+from crihook.proxy.record.header import header_line, plugins_line, snapshot_line, sync_line
+from crihook.proxy.record.lines import call_line, encode_line
 from crihook.proxy.record.redact import Redactor
 from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
