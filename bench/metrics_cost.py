@@ -30,9 +30,10 @@ from crihook.hooks.spec import Event
 from crihook.proxy.chain.chain import Chain
 from crihook.proxy.config import ChainSettings
 from crihook.proxy.core.pipeline import Pipeline
-from crihook.proxy.ops.metrics import Metrics, Sources, measured_handler
+from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.ops.metrics import Metrics, Sources
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
+from crihook.proxy.wire.grpc.server import measured_handler
 
 N, REPS = 5000, 9
 

@@ -54,8 +54,8 @@ from crihook.proxy.chain.local_hooks import LocalHook, load_local_hook
 from crihook.proxy.config import Settings, apply_flags, settings_from_toml
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 DEFAULT = ("hooks-none", "resource-hooks", "devices")
 

@@ -44,7 +44,6 @@ from crihook.hooks.node import (
     PyrouteNetlink,
     Staging,
     Topology,
-    TopologyError,
 )
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
@@ -57,17 +56,17 @@ from crihook.proxy.core.memory_trim import MemoryTrim
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
+from crihook.proxy.cri.handler import Serving
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.early import Claimed, claim
-from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
 from crihook.proxy.ops.call_log import CallLog
-from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, write_node_doc
+from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, read_topology, write_node_doc
 from crihook.proxy.ops.watchdog import keep_alive
 from crihook.proxy.sockets import owner_only, prepare_listen_path, secure_socket
 from crihook.proxy.state.store import Store
 from crihook.proxy.state.unsettled import UnsettledRuntime
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 from crihook.proxy.wire.h2.runtime_client import Flusher, H2RuntimeClient
 from crihook.proxy.wire.h2.server import H2Server
@@ -247,7 +246,7 @@ class App:
 
     # --- recording -----------------------------------------------------------------------
     def _header_line(self) -> dict[str, Any]:
-        from crihook.proxy.record.lines import header_line
+        from crihook.proxy.record.header import header_line
         from crihook.proxy.record.recorder import device_pool_facts
 
         pools, facts = device_pool_facts(self.settings, self._files)
@@ -260,19 +259,19 @@ class App:
         here on."""
         assert self.recorder is not None
         plugins = [entry.settings for entry in self.chain.plugins]
-        from crihook.proxy.record.lines import plugins_line
+        from crihook.proxy.record.header import plugins_line
 
         self.recorder.line(plugins_line(self.pipeline.next_seq(), time.time(), plugins))
 
     def _snapshot_line(self, seq: int) -> dict[str, Any]:
-        from crihook.proxy.record.lines import snapshot_line
+        from crihook.proxy.record.header import snapshot_line
 
         assert self.recorder is not None
         return snapshot_line(seq, time.time(), self.store, self.chain, self.recorder.redactor)
 
     def _record_sync(self, report: SyncReport) -> None:
         assert self.recorder is not None
-        from crihook.proxy.record.lines import sync_line
+        from crihook.proxy.record.header import sync_line
 
         line = sync_line(
             "sync",
@@ -397,9 +396,7 @@ class App:
             else:
                 failing = False
 
-    async def _start_server(
-        self, path: Path, listener: socket.socket | None
-    ) -> grpc.aio.Server | H2Server:
+    async def _start_server(self, path: Path, listener: socket.socket | None) -> Serving:
         """The kubelet-facing server of the configured data path, listening on `path` (on
         `listener`, bound there already, for the h2 data path)."""
         settings = self.settings
@@ -431,7 +428,8 @@ class App:
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
-        return server
+        serving: Serving = server  # grpc.aio.Server (grpcio has no type hints)
+        return serving
 
     async def _watch_socket(self, path: Path, inode: int, stop: asyncio.Event) -> None:
         """grpc's aio server can stop serving by itself: in grpcio 1.85 a request whose method
@@ -454,9 +452,7 @@ class App:
                 stop.set()
                 return
 
-    async def _start(
-        self, listener: socket.socket | None
-    ) -> tuple[grpc.aio.Server | H2Server, MetricsServer | None]:
+    async def _start(self, listener: socket.socket | None) -> tuple[Serving, MetricsServer | None]:
         """Everything up to the server taking calls (UNAVAILABLE until ready): the store
         loaded, hooks built and started, the metrics and the kubelet socket served."""
         settings = self.settings
@@ -578,15 +574,6 @@ def _tell_all(
             listener(outcome)
 
     return tell
-
-
-def read_topology(settings: Settings) -> Topology:
-    """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
-    cannot be read (exit 2 at start)."""
-    try:
-        return Topology.from_sysfs(settings.node.sysfs_root)
-    except TopologyError as exc:
-        raise ConfigError("--sysfs-root", str(exc)) from None
 
 
 async def run(settings: Settings, claimed: Claimed | None = None) -> int:

@@ -443,7 +443,7 @@ def parse_hook_settings(section: str, name: str, table: Mapping[str, Any]) -> Ho
     if "allow" in known:
         allow = _str_list(f"{section} allow", known["allow"])
         # Imported only then: hooks.spec is not needed to read the settings and listen.
-        from crihook.proxy.chain.permissions import parse_grants
+        from crihook.proxy.grants import parse_grants
 
         try:
             parse_grants(allow, f"{section} allow")

@@ -51,7 +51,7 @@ from crihook.hooks.spec import (
 from crihook.hooks.spec.adjustment import describe_key
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
-from crihook.proxy.chain.permissions import DEFAULT_GRANTS, Permissions, parse_grants
+from crihook.proxy.chain.permissions import Permissions
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.errors import (
     HookConflict,
@@ -65,6 +65,7 @@ from crihook.proxy.errors import (
     HookTimeout,
     HookUnavailable,
 )
+from crihook.proxy.grants import DEFAULT_GRANTS, parse_grants
 
 __all__ = [
     "REQUIRED_ANNOTATION",

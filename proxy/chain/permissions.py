@@ -1,11 +1,7 @@
 """What a hook may set: grants, checked on every adjustment before it is merged.
 
-    allow = ["cpuset_cpus", "annotation:example.com/*", "device:/dev/fuse", "mount:/data/*"]
-
-A grant names a field of the Adjustment (`cpuset_cpus`, `oom_score_adj`, `cgroup_parent`,
-`device`, `mount`, `env`, ...), and for keyed fields may narrow it to keys matching a glob:
-`annotation:example.com/*` allows only those annotations; devices and mounts are keyed by
-container path. Updates to other containers need the grants of the resources they change.
+The grant grammar (`allow = ["cpuset_cpus", "annotation:example.com/*", ...]`) is in
+`proxy/grants.py`. Updates to other containers need the grants of the resources they change.
 
 Without `allow`, a plugin (or an in-process hook that declares nothing) may set labels,
 annotations and the container resources; devices, mounts, env, CDI devices and the cgroup
@@ -15,24 +11,21 @@ configured `allow` only narrows that: a change must be allowed by both.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from crihook.hooks.spec.adjustment import (
-    KEYED_FIELDS,
-    RESOURCE_FIELDS,
     Adjustment,
     ContainerUpdate,
     Field,
     FieldKey,
     describe_key,
 )
+from crihook.proxy.grants import Grants
 
-__all__ = ["DEFAULT_GRANTS", "Grants", "Permissions", "parse_grants"]
+__all__ = ["Permissions"]
 
-_BY_NAME = {f.value: f for f in Field}
 # ResourceDelta field names of updates to other containers, as Adjustment fields.
 _DELTA_FIELDS = {
     "cpuset_cpus": Field.CPUSET_CPUS,
@@ -43,30 +36,6 @@ _DELTA_FIELDS = {
     "memory_limit_in_bytes": Field.MEMORY_LIMIT,
     "memory_swap_limit_in_bytes": Field.MEMORY_SWAP_LIMIT,
 }
-
-
-@dataclass(frozen=True)
-class Grants:
-    """Per field: None (any key), or the key globs allowed. A field absent: not allowed."""
-
-    fields: Mapping[Field, tuple[str, ...] | None]
-
-    def allows(self, key: FieldKey) -> bool:
-        field, name = key
-        if field not in self.fields:
-            return False
-        patterns = self.fields[field]
-        return patterns is None or any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-    def describe(self) -> list[str]:
-        """As `allow` lists them."""
-        out = []
-        for field, patterns in sorted(self.fields.items(), key=lambda kv: kv[0].value):
-            if patterns is None:
-                out.append(field.value)
-            else:
-                out.extend(f"{field.value}:{p}" for p in patterns)
-        return out
 
 
 _DECIDED_MAX = 1024
@@ -134,34 +103,3 @@ class Permissions:
 
     def describe(self) -> list[list[str]]:
         return [g.describe() for g in self.layers]
-
-
-def parse_grants(entries: Iterable[object], where: str) -> Grants:
-    """`allow` entries → Grants; ValueError naming `where` and the bad entry."""
-    fields: dict[Field, tuple[str, ...] | None] = {}
-    for entry in entries:
-        if not isinstance(entry, str) or not entry:
-            raise ValueError(f"{where}: {entry!r} is not a field name like 'cpuset_cpus'")
-        name, colon, pattern = entry.partition(":")
-        field = _BY_NAME.get(name)
-        if field is None:
-            known = ", ".join(sorted(_BY_NAME))
-            raise ValueError(f"{where}: {name!r} is not a field an adjustment sets ({known})")
-        if colon:
-            if field not in KEYED_FIELDS:
-                raise ValueError(f"{where}: {name} has no keys to narrow ({entry!r})")
-            if not pattern:
-                raise ValueError(f"{where}: {entry!r} has an empty key pattern")
-            current = fields.get(field, ())
-            if current is not None:  # an unnarrowed grant of the field already allows all
-                fields[field] = (*current, pattern)
-        else:
-            fields[field] = None
-    return Grants(fields)
-
-
-DEFAULT_GRANTS = Grants(
-    {Field.LABEL: None, Field.ANNOTATION: None, **dict.fromkeys(RESOURCE_FIELDS)}
-)
-"""What a hook that declares nothing may set without `allow`: labels, annotations and the
-container resources."""

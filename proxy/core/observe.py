@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import grpc.aio
 
@@ -43,10 +43,10 @@ from crihook.hooks.node import (
     WouldBlock,
 )
 from crihook.hooks.spec import ContainerState, RuntimeQueries
+from crihook.proxy.cri.outcome import Observation
 
 __all__ = [
     "EFFECTS",
-    "Observation",
     "ObservedCgroups",
     "ObservedFiles",
     "ObservedHost",
@@ -70,15 +70,6 @@ EFFECTS = (
     | STAGING_EFFECTS
 )
 """Operations that change the host (compared by a replay, not only answered)."""
-
-
-class Observation(NamedTuple):
-    seam: str
-    """`host`, `files`, `staging`, `netlink` or `runtime`."""
-    op: str
-    args: list[Any]
-    result: Any
-    error: dict[str, Any] | None
 
 
 _CURRENT: contextvars.ContextVar[list[Observation] | None] = contextvars.ContextVar(

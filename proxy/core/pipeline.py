@@ -37,7 +37,7 @@ from crihook.hooks.spec.views import (
     resources_view,
 )
 from crihook.proxy.chain.chain import Chain
-from crihook.proxy.chain.merge import Merger, jsonable
+from crihook.proxy.chain.merge import Merger
 from crihook.proxy.core import observe
 from crihook.proxy.core.memory_trim import LARGE_MESSAGE_BYTES
 from crihook.proxy.core.placement import Placement
@@ -46,9 +46,10 @@ from crihook.proxy.core.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerU
 from crihook.proxy.core.validate import check_request, check_resources, check_wire
 from crihook.proxy.cri.methods import INTERCEPTED, method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.cri.values import jsonable
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = ["Pipeline"]
 

@@ -37,7 +37,7 @@ from crihook.proxy.chain.merge import stamp
 from crihook.proxy.core import observe
 from crihook.proxy.core.updates import ContainerUpdater
 from crihook.proxy.cri.methods import method_path
-from crihook.proxy.cri.outcome import SentUpdate
+from crihook.proxy.cri.outcome import Observation, SentUpdate
 from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
@@ -79,7 +79,7 @@ class SyncReport(NamedTuple):
     hook_states: Mapping[str, Any]
     """Each hook's state as it was handed over (a copy)."""
     updates: Sequence[SentUpdate]
-    observed: Sequence[observe.Observation]
+    observed: Sequence[Observation]
 
 
 class RuntimeView:

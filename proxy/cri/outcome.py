@@ -23,6 +23,7 @@ from crihook.hooks.spec import ContainerView, Event, PodView, Stage
 __all__ = [
     "HookRun",
     "Metadata",
+    "Observation",
     "Outcome",
     "Runtime",
     "RuntimeCallFailed",
@@ -109,6 +110,19 @@ class SentUpdate(NamedTuple):
     hooks: Sequence[str]
     status: Status | None
     """None: the runtime applied it, or (issued after the answer) it is on its way."""
+
+
+class Observation(NamedTuple):
+    """One question a hook asked the node or the runtime through a seam, and its answer (or
+    error), as JSON values: noted while recording (proxy.core.observe), written and read
+    back by the recording."""
+
+    seam: str
+    """`host`, `files`, `staging`, `netlink` or `runtime`."""
+    op: str
+    args: list[Any]
+    result: Any
+    error: dict[str, Any] | None
 
 
 class Outcome:

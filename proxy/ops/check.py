@@ -39,7 +39,6 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import cgroup_version
 from crihook.hooks.node.staging import propagation_of
 from crihook.hooks.remote.client import check_socket
-from crihook.proxy.app import read_topology
 from crihook.proxy.chain.dropin_files import read_dropins
 from crihook.proxy.chain.local_hooks import load_local_hook
 from crihook.proxy.chain.plugins import (
@@ -67,6 +66,7 @@ from crihook.proxy.ops.kubelet_settings import (
     resolve_kubelet_settings,
     same_socket,
 )
+from crihook.proxy.ops.node_doc import read_topology
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 __all__ = [

@@ -33,14 +33,11 @@ from __future__ import annotations
 import platform
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from time import perf_counter
 from typing import Any, NamedTuple
 
-import grpc
-import grpc.aio
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -55,22 +52,20 @@ from crihook.proxy.chain.dropin_files import Distrust
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.core.histogram import Histogram
 from crihook.proxy.core.updates import WINDOW_BUCKETS
-from crihook.proxy.cri.method_labels import INTERCEPTED, OTHER_METHOD, PASSTHROUGH, method_label
+from crihook.proxy.cri.method_labels import INTERCEPTED, PASSTHROUGH, method_label
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = [
     "CALL_BUCKETS",
     "HOOK_BUCKETS",
     "INTERCEPTED",
-    "OTHER_METHOD",
     "PASSTHROUGH",
     "Histogram",
     "Metrics",
     "Snapshot",
     "Sources",
-    "measured_handler",
     "method_label",
 ]
 
@@ -460,61 +455,3 @@ def _histogram(
             cumulative.append((bound, float(running)))
         family.add_metric(key, cumulative, total)
     return family
-
-
-# --- the grpc.aio data path: pass-through calls ------------------------------------------------
-
-
-def measured_handler(
-    handler: grpc.RpcMethodHandler, method: str, metrics: Metrics
-) -> grpc.RpcMethodHandler:
-    """The same handler, telling `metrics` how each call ended (unary calls timed)."""
-    observe = metrics.observe_call
-    if handler.unary_unary is not None:
-        behaviour = handler.unary_unary
-
-        async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            started = perf_counter()
-            try:
-                response: bytes = await behaviour(request, context)
-            except BaseException as exc:
-                code, origin = _ended(exc, context)
-                observe(method, PASSTHROUGH, code, origin, perf_counter() - started)
-                raise
-            observe(method, PASSTHROUGH, "OK", "", perf_counter() - started)
-            return response
-
-        return grpc.unary_unary_rpc_method_handler(unary)
-    streaming = handler.unary_stream or handler.stream_stream
-
-    async def stream(
-        request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
-        try:
-            async for message in streaming(request, context):
-                yield message
-        except BaseException as exc:
-            code, origin = _ended(exc, context)
-            observe(method, PASSTHROUGH, code, origin, None)
-            raise
-        observe(method, PASSTHROUGH, "OK", "", None)
-
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(stream)
-    return grpc.stream_stream_rpc_method_handler(stream)
-
-
-def _ended(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, str]:
-    """The status name and origin of a call the handler ended with an exception."""
-    if isinstance(exc, grpc.aio.AbortError):
-        code = context.code()
-        name = code.name if isinstance(code, grpc.StatusCode) else _CODE_NAMES.get(code, "UNKNOWN")
-        details = context.details() or ""
-        crihook = details.startswith("crihook:")
-        return name, "crihook" if crihook else "runtime"
-    if isinstance(exc, Exception):
-        return "UNKNOWN", "crihook"  # a bug: grpc answers UNKNOWN
-    return "CANCELLED", "kubelet"
-
-
-_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}

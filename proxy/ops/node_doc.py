@@ -26,14 +26,24 @@ from pathlib import Path
 from typing import Any
 
 from crihook import __version__
-from crihook.hooks.node import Topology, format_cpu_list
+from crihook.hooks.node import Topology, TopologyError, format_cpu_list
 from crihook.proxy.config import HookSettings, Settings
+from crihook.proxy.errors import ConfigError
 from crihook.proxy.state.store import write_atomic
 
-__all__ = ["NODE_FILE", "NODE_FORMAT", "node_doc", "write_node_doc"]
+__all__ = ["NODE_FILE", "NODE_FORMAT", "node_doc", "read_topology", "write_node_doc"]
 
 NODE_FILE = "node.json"
 NODE_FORMAT = 1
+
+
+def read_topology(settings: Settings) -> Topology:
+    """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
+    cannot be read (exit 2 at start)."""
+    try:
+        return Topology.from_sysfs(settings.node.sysfs_root)
+    except TopologyError as exc:
+        raise ConfigError("--sysfs-root", str(exc)) from None
 
 
 def node_doc(settings: Settings, topology: Topology, now: float | None = None) -> dict[str, Any]:

@@ -28,6 +28,10 @@
 - `seq` is the order in which calls entered the chain (lines are written as calls end).
 
 Redacted lines (the default) carry the bytes of the redacted message (see `redact`).
+
+This module is a leaf (base, cri, `redact` and `render` only): the renderer process
+(`record.worker`) loads it and nothing heavier. The lines crihook builds from its settings,
+chain and store (`header`, `plugins`, `sync`, `snapshot`) are in `record.header`.
 """
 
 from __future__ import annotations
@@ -35,13 +39,11 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError, Message
 
-from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Topology
 from crihook.hooks.spec import (
     Adjustment,
     ContainerView,
@@ -52,18 +54,11 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
-from crihook.proxy.chain.chain import BreakerRecord, Chain
-from crihook.proxy.chain.merge import from_jsonable, jsonable
-from crihook.proxy.config import HookSettings, Settings
-from crihook.proxy.config_doc import plugin_docs, settings_doc
-from crihook.proxy.core.observe import Observation
 from crihook.proxy.cri.methods import INTERCEPTED
-from crihook.proxy.cri.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
+from crihook.proxy.cri.outcome import HookRun, Metadata, Observation, Outcome, SentUpdate, Status
+from crihook.proxy.cri.values import from_jsonable, jsonable
 from crihook.proxy.record.redact import REDACTED, Redactor
 from crihook.proxy.record.render import changes, render
-
-if TYPE_CHECKING:  # the renderer process imports this module: not the store for a type
-    from crihook.proxy.state.store import Store
 
 __all__ = [
     "FORMAT",
@@ -76,52 +71,18 @@ __all__ = [
     "container_label",
     "encode_line",
     "forwarded_doc",
-    "header_line",
+    "hook_docs",
     "message_doc",
     "metadata_doc",
     "observation_docs",
     "passthrough_line",
-    "plugins_line",
     "pod_label",
     "status_doc",
-    "sync_line",
     "update_docs",
-    "view_docs",
 ]
 
 FORMAT = 1
 UNCHANGED = "unchanged"
-
-
-def header_line(
-    settings: Settings,
-    topology: Topology,
-    device_pools: Sequence[Mapping[str, Any]],
-    files: Iterable[Observation],
-    time: float,
-    redacted: bool,
-    plugins: Sequence[HookSettings] = (),
-) -> dict[str, Any]:
-    """The line every recorded file (and every crihook process's part of it) starts with."""
-    return {
-        "kind": "header",
-        "format": FORMAT,
-        "crihook": __version__,
-        "time": round(time, 6),
-        "redacted": redacted,
-        "config": settings_doc(settings),
-        "node": {
-            "topology": topology.to_dict(),
-            "device_pools": [dict(p) for p in device_pools],
-            "files": observation_docs(files),
-        },
-        "plugins": plugin_docs(plugins),
-    }
-
-
-def plugins_line(seq: int, time: float, plugins: Sequence[HookSettings]) -> dict[str, Any]:
-    """The plugins in the chain from `seq` on (the drop-in directory changed them)."""
-    return {"kind": "plugins", "seq": seq, "time": round(time, 6), "plugins": plugin_docs(plugins)}
 
 
 def message_doc(
@@ -348,64 +309,6 @@ def passthrough_line(
         "response": None if response is None else message_doc(response, response_type, redactor),
         "status": status_doc(status, "runtime" if status else ""),
     }
-
-
-def sync_line(
-    kind: str,
-    seq: int,
-    time: float,
-    reason: str,
-    pods: Sequence[PodView],
-    containers: Sequence[ContainerView],
-    states: Mapping[str, Any],
-    hook_states: Mapping[str, Any],
-    updates: Sequence[SentUpdate],
-    observed: Iterable[Observation],
-    redactor: Redactor,
-    breakers: Mapping[str, BreakerRecord] | None = None,
-) -> dict[str, Any]:
-    """A synchronize of every hook (`sync`), or the state a rotated file starts from
-    (`snapshot`): what the hooks were given, and the repairs sent; a snapshot also has the
-    breakers that had counted failures (a replay of the file takes them up)."""
-    doc = {
-        "kind": kind,
-        "seq": seq,
-        "time": round(time, 6),
-        "reason": reason,
-        "pods": view_docs(pods, redactor),
-        "containers": view_docs(containers, redactor),
-        "container_states": {k: getattr(v, "value", v) for k, v in states.items()},
-        "hook_states": dict(hook_states),
-        "updates": update_docs(updates),
-        "observed": observation_docs(observed),
-    }
-    if breakers is not None:
-        doc["breakers"] = {name: record._asdict() for name, record in breakers.items()}
-    return doc
-
-
-def snapshot_line(
-    seq: int, time: float, store: Store, chain: Chain, redactor: Redactor
-) -> dict[str, Any]:
-    """What a rotated file starts from (taken while no call is in flight): the pods,
-    containers and hook states now, and the breakers that had counted failures."""
-    pods, containers = store.snapshot()
-    hook_states = json.loads(json.dumps(store.hook_states()))  # a copy, frozen as it is now
-    return sync_line(
-        "snapshot", seq, time, "rotate", pods, containers, store.container_states(),
-        hook_states, [], [], redactor, chain.breakers(time),
-    )  # fmt: skip
-
-
-def view_docs(
-    views: Sequence[PodView] | Sequence[ContainerView], redactor: Redactor
-) -> list[dict[str, Any]]:
-    out = []
-    for view in views:
-        doc = view.to_dict()
-        doc["annotations"] = redactor.annotations(view.annotations)
-        out.append(doc)
-    return out
 
 
 def hook_docs(runs: Sequence[HookRun], redactor: Redactor) -> list[dict[str, Any]]:

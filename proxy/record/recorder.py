@@ -38,8 +38,8 @@ from typing import Any, cast
 
 from crihook.hooks.node import HostFiles
 from crihook.proxy.config import RecordSettings, Settings
-from crihook.proxy.core.observe import Observation, ObservedFiles, begin, end
-from crihook.proxy.cri.outcome import Outcome, Status
+from crihook.proxy.core.observe import ObservedFiles, begin, end
+from crihook.proxy.cri.outcome import Observation, Outcome, Status
 from crihook.proxy.record.file import RESUME_SECONDS
 from crihook.proxy.record.lines import call_record
 from crihook.proxy.record.redact import Redactor

@@ -50,6 +50,7 @@ from crihook.proxy.core.sync import Synchronizer, SyncReport
 from crihook.proxy.core.updates import ContainerUpdater
 from crihook.proxy.cri.methods import INTERCEPTED
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.record.lines import (
     UNCHANGED,
@@ -70,7 +71,6 @@ from crihook.proxy.replay.file import (
 from crihook.proxy.replay.plugins import StandIns, base_name
 from crihook.proxy.replay.seams import RecordedNetlink, RecordedNode, RecordedRuntime
 from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 

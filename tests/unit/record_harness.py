@@ -25,17 +25,11 @@ from crihook.proxy.core.observe import ObservedHost, ObservedNetlink, ObservedQu
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.sync import Synchronizer, SyncReport
 from crihook.proxy.cri.outcome import Outcome
-from crihook.proxy.record.lines import (
-    call_line,
-    encode_line,
-    header_line,
-    plugins_line,
-    snapshot_line,
-    sync_line,
-)
+from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.record.header import header_line, plugins_line, snapshot_line, sync_line
+from crihook.proxy.record.lines import call_line, encode_line
 from crihook.proxy.record.redact import Redactor
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.unit.hook_harness import NODE_MEMORY, SMALL, FakeHost, topology_of
 from tests.unit.netdev_fakes import FakeKernel, FakeNetlink

@@ -26,7 +26,7 @@ from crihook.hooks.spec import (
     Stage,
 )
 from crihook.proxy.chain.chain import Chain
-from crihook.proxy.chain.permissions import _DECIDED_MAX, DEFAULT_GRANTS, Permissions, parse_grants
+from crihook.proxy.chain.permissions import _DECIDED_MAX, Permissions
 from crihook.proxy.config import HookSettings
 from crihook.proxy.errors import (
     HookInvalidAdjustment,
@@ -34,6 +34,7 @@ from crihook.proxy.errors import (
     HookRejected,
     HookRequired,
 )
+from crihook.proxy.grants import DEFAULT_GRANTS, parse_grants
 from tests.unit.test_chain import CONTAINER, POD, create_request, make_chain, make_entry
 
 

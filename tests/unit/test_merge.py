@@ -27,8 +27,8 @@ from crihook.proxy.chain.merge import (
     ALLOWED_FIELDS,
     Merger,
     apply_change,
-    jsonable,
 )
+from crihook.proxy.cri.values import jsonable
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
 MiB = 1 << 20

@@ -24,10 +24,10 @@ from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.core.updates import WINDOW_BUCKETS
 from crihook.proxy.cri.outcome import Outcome, Status
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.ops.call_log import call_fields
 from crihook.proxy.ops.metrics import Histogram, Metrics, Sources, _histogram, method_label
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.metrics_scrape import parse, value
 
 

@@ -19,8 +19,8 @@ from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.sync import netns_from_verbose_info
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 
 CONTAINER_ID = "c" * 64

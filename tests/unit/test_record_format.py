@@ -19,7 +19,6 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
 from crihook.hooks.spec import Adjustment, Event, ResourceDelta, Stage
 from crihook.hooks.spec.adjustment import REMOVE, Field, describe_key, parse_key
-from crihook.proxy.chain.merge import from_jsonable
 from crihook.proxy.config import (
     DEFAULT_REDACT_ANNOTATIONS,
     DEFAULT_REDACT_VALUES,
@@ -30,6 +29,7 @@ from crihook.proxy.config import (
 )
 from crihook.proxy.config_doc import settings_doc
 from crihook.proxy.cri.outcome import HookRun
+from crihook.proxy.cri.values import from_jsonable
 from crihook.proxy.record.lines import adjustment_of, hook_docs, message_doc
 from crihook.proxy.record.redact import REDACTED, Redactor
 from crihook.proxy.record.render import render

@@ -6,8 +6,8 @@ from typing import Any
 
 import grpc
 
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.wire.grpc import server as server_module
-from crihook.proxy.wire.grpc.passthrough import Readiness
 
 
 class Runtime:

@@ -28,8 +28,8 @@ from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.core import updates as updates_module
 from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.state.store import Store
-from crihook.proxy.wire.grpc.passthrough import Readiness
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 from tests.unit.test_store import container, pod
 

@@ -15,12 +15,12 @@ import grpc
 import grpc.aio
 
 from crihook.proxy.cri.outcome import Status, clean_metadata
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient, status_of
 
 __all__ = [
     "Observer",
     "PassthroughRecord",
-    "Readiness",
     "abort_with",
     "call_options",
     "stream_stream_handler",
@@ -30,18 +30,6 @@ __all__ = [
 
 # More than this many seconds means "no deadline": grpc reports a huge remaining time then.
 _NO_DEADLINE = 1e8
-
-
-class Readiness:
-    """Whether crihook may forward yet (the runtime answered once, the store is loaded)."""
-
-    def __init__(self) -> None:
-        self.ready = False
-        self.reason = "crihook is starting"
-
-    def set(self, ready: bool, reason: str = "") -> None:
-        self.ready = ready
-        self.reason = reason
 
 
 _metadata = clean_metadata

@@ -4,13 +4,15 @@ Intercepted methods go to the pipeline core, through `intercepted_handler`, the 
 that hands it kubelet's bytes, metadata and deadline and turns its outcome into the answer or
 the status; every other known method is forwarded as raw bytes (unary or server-streaming); a
 method crihook does not know (a newer kubelet) is caught by a generic handler and forwarded
-too, never answered UNIMPLEMENTED by crihook itself.
+too, never answered UNIMPLEMENTED by crihook itself. With metrics on, each forwarded call is
+wrapped by `measured_handler`, which tells the `CallObserver` how it ended.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from time import perf_counter
 from typing import Any
 
 import grpc
@@ -18,13 +20,13 @@ import grpc.aio
 
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
-from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.cri.handler import CallObserver, Intercept
+from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH
 from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
-from crihook.proxy.ops.metrics import OTHER_METHOD, Metrics, measured_handler
+from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.wire.grpc.passthrough import (
     Observer,
     PassthroughRecord,
-    Readiness,
     call_options,
     stream_stream_handler,
     unary_handler,
@@ -32,7 +34,13 @@ from crihook.proxy.wire.grpc.passthrough import (
 )
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
-__all__ = ["MAX_CONCURRENT_STREAMS", "build_server", "intercepted_handler", "server_options"]
+__all__ = [
+    "MAX_CONCURRENT_STREAMS",
+    "build_server",
+    "intercepted_handler",
+    "measured_handler",
+    "server_options",
+]
 
 MAX_CONCURRENT_STREAMS = 1000
 """Calls one kubelet connection may have open at once. kubelet keeps far fewer in flight
@@ -55,7 +63,7 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
-def intercepted_handler(pipeline: Pipeline, event: Event) -> grpc.RpcMethodHandler:
+def intercepted_handler(pipeline: Intercept, event: Event) -> grpc.RpcMethodHandler:
     """The gRPC face of the pipeline core for one intercepted method."""
     handle = pipeline.handle
 
@@ -82,7 +90,7 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
     """Forwards any method the compiled API does not have, whatever its cardinality."""
 
     def __init__(
-        self, runtime: RuntimeClient, readiness: Readiness, metrics: Metrics | None = None
+        self, runtime: RuntimeClient, readiness: Readiness, metrics: CallObserver | None = None
     ) -> None:
         self._runtime = runtime
         self._readiness = readiness
@@ -104,12 +112,12 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[misc]
 
 def build_server(
     runtime: RuntimeClient,
-    pipeline: Pipeline,
+    pipeline: Intercept,
     readiness: Readiness,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     observers: Mapping[str, Observer] | None = None,
     recorder: Any = None,
-    metrics: Metrics | None = None,
+    metrics: CallObserver | None = None,
 ) -> grpc.aio.Server:
     """`observers`: method name (`RestorePod`) → told the runtime's answer to a forwarded
     call that succeeded; the bytes pass unchanged. `recorder` (`--record-all`): its
@@ -137,3 +145,58 @@ def build_server(
         server.add_registered_method_handlers(service, handlers)
     server.add_generic_rpc_handlers([_UnknownMethods(runtime, readiness, metrics)])
     return server
+
+
+def measured_handler(
+    handler: grpc.RpcMethodHandler, method: str, metrics: CallObserver
+) -> grpc.RpcMethodHandler:
+    """The same handler, telling `metrics` how each call ended (unary calls timed)."""
+    observe = metrics.observe_call
+    if handler.unary_unary is not None:
+        behaviour = handler.unary_unary
+
+        async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            started = perf_counter()
+            try:
+                response: bytes = await behaviour(request, context)
+            except BaseException as exc:
+                code, origin = _ended(exc, context)
+                observe(method, PASSTHROUGH, code, origin, perf_counter() - started)
+                raise
+            observe(method, PASSTHROUGH, "OK", "", perf_counter() - started)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+    streaming = handler.unary_stream or handler.stream_stream
+
+    async def stream(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for message in streaming(request, context):
+                yield message
+        except BaseException as exc:
+            code, origin = _ended(exc, context)
+            observe(method, PASSTHROUGH, code, origin, None)
+            raise
+        observe(method, PASSTHROUGH, "OK", "", None)
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(stream)
+    return grpc.stream_stream_rpc_method_handler(stream)
+
+
+def _ended(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, str]:
+    """The status name and origin of a call the handler ended with an exception."""
+    if isinstance(exc, grpc.aio.AbortError):
+        code = context.code()
+        name = code.name if isinstance(code, grpc.StatusCode) else _CODE_NAMES.get(code, "UNKNOWN")
+        details = context.details() or ""
+        crihook = details.startswith("crihook:")
+        return name, "crihook" if crihook else "runtime"
+    if isinstance(exc, Exception):
+        return "UNKNOWN", "crihook"  # a bug: grpc answers UNKNOWN
+    return "CANCELLED", "kubelet"
+
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}

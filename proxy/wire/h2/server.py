@@ -13,8 +13,9 @@ Each kubelet connection is a `KubeletConnection` (the asyncio adapter of a sans-
   A request the runtime did not process (GOAWAY, REFUSED_STREAM) is sent once more, as grpc-go
   does, while nothing of the answer went to kubelet: its bytes are kept until the runtime's
   headers come (up to REPLAY_LIMIT; a larger request is not retried).
-- `Intercept`: the request message is collected and handed to `Pipeline.handle` as bytes,
-  with the metadata and the deadline; its Outcome is the answer or the status.
+- `Intercept`: the request message is collected and handed to the pipeline core
+  (`cri.handler.Intercept.handle`) as bytes, with the metadata and the deadline; its
+  Outcome is the answer or the status.
 - `Buffered` (only where the answer must be seen: RestorePod's observer, and every unary
   method while `--record-all` records): one request, one call to the runtime, the answer.
 
@@ -33,7 +34,7 @@ import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import grpc
 
@@ -62,11 +63,12 @@ from crihook.api.h2.grpc_wire import (
 )
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
-from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.cri import handler
 from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH, method_label
 from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
 from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
-from crihook.proxy.wire.grpc.passthrough import Observer, PassthroughRecord, Readiness
+from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.wire.grpc.passthrough import Observer, PassthroughRecord
 from crihook.proxy.wire.h2.runtime_client import (
     RELAY_WINDOW,
     Flusher,
@@ -75,9 +77,6 @@ from crihook.proxy.wire.h2.runtime_client import (
     RuntimePool,
     going_away_status,
 )
-
-if TYPE_CHECKING:  # prometheus_client is loaded only when metrics are served
-    from crihook.proxy.ops.metrics import Metrics
 
 __all__ = ["MAX_CONCURRENT_STREAMS", "REPLAY_LIMIT", "H2Server", "KubeletConnection"]
 
@@ -662,12 +661,12 @@ class H2Server:
     def __init__(
         self,
         runtime: H2RuntimeClient,
-        pipeline: Pipeline,
+        pipeline: handler.Intercept,
         readiness: Readiness,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         observers: Mapping[str, Observer] | None = None,
         record: PassthroughRecord | None = None,
-        metrics: Metrics | None = None,
+        metrics: handler.CallObserver | None = None,
     ) -> None:
         self.runtime = runtime
         self.pipeline = pipeline
