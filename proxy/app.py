@@ -46,6 +46,7 @@ from crihook.hooks.node import (
     Topology,
     TopologyError,
 )
+from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy.chain.chain import Chain
@@ -103,7 +104,7 @@ class App:
             if settings.server.data_path == "h2"
             else RuntimeClient(settings.runtime)
         )
-        self.store = Store(settings.state_dir)
+        self.store = Store(settings.state_dir, journal_in_thread(settings.state_dir))
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.pipeline = Pipeline(
@@ -578,6 +579,25 @@ def _tell_all(
             listener(outcome)
 
     return tell
+
+
+def journal_in_thread(state_dir: Path) -> bool:
+    """Whether the store writes its hook journal lines from a worker thread: its state
+    directory is on a file system that can block (network, FUSE). The mount table is read
+    here, so that proxy/state touches no /proc."""
+    mounts = MountTable()
+    try:
+        blocking = mounts.blocking_type(str(state_dir.resolve()))
+    finally:
+        mounts.close()
+    if blocking is not None:
+        log.info(
+            "the state directory %s is on a %s file system: hook journal lines are written "
+            "from a worker thread",
+            state_dir,
+            blocking,
+        )
+    return blocking is not None
 
 
 def read_topology(settings: Settings) -> Topology:

@@ -47,7 +47,8 @@ from crihook.proxy.core.validate import check_request, check_resources, check_wi
 from crihook.proxy.cri.methods import INTERCEPTED, method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
 from crihook.proxy.errors import CrihookError, HookRejected
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 from crihook.proxy.wire.grpc.passthrough import Readiness
 
 __all__ = ["Pipeline"]

@@ -38,7 +38,8 @@ from crihook.proxy.core import observe
 from crihook.proxy.core.updates import ContainerUpdater
 from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import SentUpdate
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 __all__ = [

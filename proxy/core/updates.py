@@ -54,7 +54,8 @@ from crihook.proxy.chain.merge import PendingGroup, PendingUpdate, next_order
 from crihook.proxy.core.histogram import Histogram
 from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
-from crihook.proxy.state.store import ContainerRecord, Store
+from crihook.proxy.state.records import ContainerRecord
+from crihook.proxy.state.store import Store
 
 __all__ = [
     "MAX_PARALLEL",

@@ -28,7 +28,7 @@ from typing import Any
 from crihook import __version__
 from crihook.hooks.node import Topology, format_cpu_list
 from crihook.proxy.config import HookSettings, Settings
-from crihook.proxy.state.store import write_atomic
+from crihook.proxy.state.journal import write_atomic
 
 __all__ = ["NODE_FILE", "NODE_FORMAT", "node_doc", "write_node_doc"]
 

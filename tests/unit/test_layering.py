@@ -230,6 +230,7 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("crihook.proxy.record.recorder", "crihook.hooks.devices.policy"),
     # The control path on the concrete gRPC client (step 5): a Runtime protocol instead.
     ("crihook.proxy.core.sync", "crihook.proxy.wire.grpc.runtime_client"),
+    ("crihook.proxy.state.reconcile", "crihook.proxy.wire.grpc.runtime_client"),
     ("crihook.proxy.state.store", "crihook.proxy.wire.grpc.runtime_client"),
 }
 
