@@ -25,9 +25,8 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import grpc.aio
 from google.protobuf.message import DecodeError
 
 from crihook import __version__
@@ -59,6 +58,7 @@ from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, SyncReport
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.early import Claimed, claim
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
@@ -91,6 +91,13 @@ SOCKET_CHECK_SECONDS = 1.0
 PLUGIN_CONNECT_WAIT_SECONDS = 2.0
 # At shutdown, how long the updates the last calls issued may take to go out.
 UPDATES_DRAIN_SECONDS = 3.0
+
+
+class Serving(Protocol):
+    """The kubelet-facing server as app drives it, either data path's (grpc.aio's server
+    from wire/grpc/server.build_server, or H2Server)."""
+
+    async def stop(self, grace: float | None) -> None: ...
 
 
 class App:
@@ -341,11 +348,11 @@ class App:
                 # The states as the reconcile just listed them: no third list call.
                 await self.sync.synchronize("start", self.store.container_states())
                 break
-            except grpc.aio.AioRpcError as exc:  # the runtime went away again mid-way
+            except RuntimeCallFailed as exc:  # the runtime went away again mid-way
                 log.warning(
                     "reconciling with the runtime failed (%s: %s); retrying",
-                    exc.code().name,
-                    exc.details(),
+                    exc.status.code.name,
+                    exc.status.details,
                 )
                 await asyncio.sleep(0.5)
         try:
@@ -398,9 +405,7 @@ class App:
             else:
                 failing = False
 
-    async def _start_server(
-        self, path: Path, listener: socket.socket | None
-    ) -> grpc.aio.Server | H2Server:
+    async def _start_server(self, path: Path, listener: socket.socket | None) -> Serving:
         """The kubelet-facing server of the configured data path, listening on `path` (on
         `listener`, bound there already, for the h2 data path)."""
         settings = self.settings
@@ -432,7 +437,8 @@ class App:
         )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
-        return server
+        serving: Serving = server  # grpc has no type hints: say what app relies on
+        return serving
 
     async def _watch_socket(self, path: Path, inode: int, stop: asyncio.Event) -> None:
         """grpc's aio server can stop serving by itself: in grpcio 1.85 a request whose method
@@ -455,9 +461,7 @@ class App:
                 stop.set()
                 return
 
-    async def _start(
-        self, listener: socket.socket | None
-    ) -> tuple[grpc.aio.Server | H2Server, MetricsServer | None]:
+    async def _start(self, listener: socket.socket | None) -> tuple[Serving, MetricsServer | None]:
         """Everything up to the server taking calls (UNAVAILABLE until ready): the store
         loaded, hooks built and started, the metrics and the kubelet socket served."""
         settings = self.settings

@@ -28,8 +28,6 @@ import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-import grpc.aio
-
 from crihook.hooks.node import (
     DeviceNode,
     Host,
@@ -43,6 +41,7 @@ from crihook.hooks.node import (
     WouldBlock,
 )
 from crihook.hooks.spec import ContainerState, RuntimeQueries
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 
 __all__ = [
     "EFFECTS",
@@ -99,8 +98,8 @@ def end(token: contextvars.Token[list[Observation] | None]) -> None:
 
 def error_doc(exc: BaseException) -> dict[str, Any]:
     """An error a seam raised, as a recording keeps it."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return {"type": "rpc", "code": exc.code().name, "message": exc.details() or ""}
+    if isinstance(exc, RuntimeCallFailed):
+        return {"type": "rpc", "code": exc.status.code.name, "message": exc.status.details}
     doc: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, OSError) and exc.errno is not None:
         doc["errno"] = exc.errno

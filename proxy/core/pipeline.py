@@ -45,7 +45,8 @@ from crihook.proxy.core.readback import ReadBack
 from crihook.proxy.core.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerUpdater
 from crihook.proxy.core.validate import check_request, check_resources, check_wire
 from crihook.proxy.cri.methods import INTERCEPTED, method_path
-from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Metadata, Outcome, Status
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.records import ContainerRecord, PodRecord
 from crihook.proxy.state.store import Store

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import grpc.aio
-
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView
 from crihook.hooks.spec.views import (
@@ -23,9 +21,9 @@ from crihook.hooks.spec.views import (
     resources_view,
 )
 from crihook.proxy.cri.methods import method_path
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
 from crihook.proxy.state.records import ContainerRecord, PodRecord
 from crihook.proxy.state.runtime_status import verbose_config
-from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 if TYPE_CHECKING:
     from crihook.proxy.state.store import Store
@@ -36,7 +34,7 @@ POD_UID_LABEL = "io.kubernetes.pod.uid"
 """The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 
 
-async def reconcile(store: Store, runtime: RuntimeClient) -> tuple[int, int, int]:
+async def reconcile(store: Store, runtime: Runtime) -> tuple[int, int, int]:
     """Drop what the runtime no longer has, rebuild what it has that the disk lacks.
     Returns (kept, rebuilt, dropped) counts over pods and containers."""
     sandboxes, containers = await _everything(runtime)
@@ -71,10 +69,10 @@ async def reconcile(store: Store, runtime: RuntimeClient) -> tuple[int, int, int
     return kept, rebuilt, dropped
 
 
-async def missing_from(store: Store, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
+async def missing_from(store: Store, runtime: Runtime) -> tuple[list[str], list[str]]:
     """The sandbox and container ids `store` records that the runtime no longer lists:
     removed without crihook (another client, an operator's crictl, the runtime's own
-    clean-up). Changes nothing. Raises grpc.aio.AioRpcError when the runtime fails."""
+    clean-up). Changes nothing. Raises RuntimeCallFailed when the runtime fails."""
     sandboxes, containers = await _everything(runtime)
     live_pods = {s.id for s in sandboxes.items}
     live_containers = {c.id for c in containers.containers}
@@ -85,7 +83,7 @@ async def missing_from(store: Store, runtime: RuntimeClient) -> tuple[list[str],
 
 
 async def reconcile_pod(
-    store: Store, runtime: RuntimeClient, pod_uid: str
+    store: Store, runtime: Runtime, pod_uid: str
 ) -> tuple[list[PodRecord], list[ContainerRecord]]:
     """Rebuild what the runtime has of one pod and the store lacks; returns the records
     added (drops nothing). For a RunPodSandbox whose outcome crihook did not see (the
@@ -93,7 +91,7 @@ async def reconcile_pod(
 
     Sandboxes are found by kubelet's `io.kubernetes.pod.uid` label, or, when none
     carries it (a client other than kubelet), by metadata.uid among all of them; their
-    containers by a sandbox filter. Raises grpc.aio.AioRpcError when the runtime fails
+    containers by a sandbox filter. Raises RuntimeCallFailed when the runtime fails
     a call; what was added before stays."""
     if not pod_uid:
         raise ValueError("reconcile_pod needs a pod uid")
@@ -118,7 +116,7 @@ async def reconcile_pod(
 
 
 async def reconcile_sandbox(
-    store: Store, runtime: RuntimeClient, sandbox_id: str
+    store: Store, runtime: Runtime, sandbox_id: str
 ) -> tuple[list[PodRecord], list[ContainerRecord]]:
     """As `reconcile_pod`, for one sandbox by id (a pod the runtime restored)."""
     listed = await _call(
@@ -131,7 +129,7 @@ async def reconcile_sandbox(
 
 
 async def _learn(
-    store: Store, runtime: RuntimeClient, sandboxes: list[Any]
+    store: Store, runtime: Runtime, sandboxes: list[Any]
 ) -> tuple[list[PodRecord], list[ContainerRecord]]:
     """Records for these sandboxes and their containers, where the store lacks them."""
     pods: list[PodRecord] = []
@@ -169,7 +167,7 @@ async def _learn(
     return pods, containers
 
 
-async def _everything(runtime: RuntimeClient) -> tuple[Any, Any]:
+async def _everything(runtime: Runtime) -> tuple[Any, Any]:
     """Every sandbox and every container the runtime has (two list calls)."""
     sandboxes = await _call(
         runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest(), api_pb2.ListPodSandboxResponse
@@ -180,14 +178,14 @@ async def _everything(runtime: RuntimeClient) -> tuple[Any, Any]:
     return sandboxes, containers
 
 
-async def _call(runtime: RuntimeClient, name: str, request: Any, response_type: Any) -> Any:
-    raw = await runtime.unary(method_path("RuntimeService", name))(
+async def _call(runtime: Runtime, name: str, request: Any, response_type: Any) -> Any:
+    raw = await runtime.control(method_path("RuntimeService", name))(
         request.SerializeToString(), timeout=30
     )
     return response_type.FromString(raw)
 
 
-async def _rebuild_pod(runtime: RuntimeClient, sandbox: Any) -> PodView:
+async def _rebuild_pod(runtime: Runtime, sandbox: Any) -> PodView:
     try:
         status = await _call(
             runtime,
@@ -196,7 +194,7 @@ async def _rebuild_pod(runtime: RuntimeClient, sandbox: Any) -> PodView:
             api_pb2.PodSandboxStatusResponse,
         )
         config = verbose_config(status.info, api_pb2.PodSandboxConfig())
-    except grpc.aio.AioRpcError:
+    except RuntimeCallFailed:
         config = None
     if config is None:
         config = api_pb2.PodSandboxConfig(
@@ -205,7 +203,7 @@ async def _rebuild_pod(runtime: RuntimeClient, sandbox: Any) -> PodView:
     return pod_view_from_config(sandbox.id, config, sandbox.runtime_handler)
 
 
-async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodView) -> ContainerView:
+async def _rebuild_container(runtime: Runtime, container: Any, pod: PodView) -> ContainerView:
     config = None
     resources = None
     try:
@@ -218,7 +216,7 @@ async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodVie
         config = verbose_config(status.info, api_pb2.ContainerConfig())
         if status.status.HasField("resources") and status.status.resources.HasField("linux"):
             resources = status.status.resources.linux
-    except grpc.aio.AioRpcError:
+    except RuntimeCallFailed:
         pass
     if config is None:
         config = api_pb2.ContainerConfig(

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from crihook.hooks.spec import ContainerState, ContainerView, PodView
+from crihook.proxy.cri.runtime import Runtime
 from crihook.proxy.errors import StateWriteError
 from crihook.proxy.state import reconcile
 from crihook.proxy.state.directory import HOOKS_DIR, STATE_DIR_MODE
@@ -97,7 +98,6 @@ from crihook.proxy.state.records_journal import (
     records_name,
 )
 from crihook.proxy.state.unsettled import Unsettled
-from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 __all__ = ["Store", "apply_journal", "read_journal"]
 
@@ -819,24 +819,24 @@ class Store:
         self.degraded_since = None
 
     # --- reconcile with the runtime (proxy/state/reconcile.py) ------------------------------------
-    async def reconcile(self, runtime: RuntimeClient) -> tuple[int, int, int]:
+    async def reconcile(self, runtime: Runtime) -> tuple[int, int, int]:
         """Drop what the runtime no longer has, rebuild what it has that the disk lacks.
         Returns (kept, rebuilt, dropped) counts over pods and containers."""
         return await reconcile.reconcile(self, runtime)
 
-    async def missing_from(self, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
+    async def missing_from(self, runtime: Runtime) -> tuple[list[str], list[str]]:
         """The sandbox and container ids recorded here that the runtime no longer lists
         (reconcile.missing_from)."""
         return await reconcile.missing_from(self, runtime)
 
     async def reconcile_pod(
-        self, runtime: RuntimeClient, pod_uid: str
+        self, runtime: Runtime, pod_uid: str
     ) -> tuple[list[PodRecord], list[ContainerRecord]]:
         """Rebuild what the runtime has of one pod and the store lacks (reconcile.reconcile_pod)."""
         return await reconcile.reconcile_pod(self, runtime, pod_uid)
 
     async def reconcile_sandbox(
-        self, runtime: RuntimeClient, sandbox_id: str
+        self, runtime: Runtime, sandbox_id: str
     ) -> tuple[list[PodRecord], list[ContainerRecord]]:
         """As `reconcile_pod`, for one sandbox by id (a pod the runtime restored)."""
         return await reconcile.reconcile_sandbox(self, runtime, sandbox_id)

@@ -13,7 +13,8 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView
 from crihook.hooks.spec.adjustment import REMOVE, Field, FieldKey
 from crihook.proxy.core.readback import Change, ReadBack, changes
-from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.state.records import ContainerRecord
 from crihook.proxy.state.store import Store
 

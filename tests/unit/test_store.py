@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import grpc.aio
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
@@ -25,6 +24,7 @@ from crihook.hooks.spec import ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
 from crihook.proxy.app import journal_in_thread
 from crihook.proxy.config import RuntimeSettings
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.errors import CrihookError, StateWriteError
 from crihook.proxy.ops.state_cli import load_state, render_state
 from crihook.proxy.state import store as store_module
@@ -33,6 +33,7 @@ from crihook.proxy.state.reconcile import POD_UID_LABEL
 from crihook.proxy.state.records import ContainerRecord, PodRecord
 from crihook.proxy.state.store import STORE_FILE, WRITE_BEHIND_SECONDS, Store
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
+from crihook.proxy.wire.h2.runtime_client import Flusher, H2RuntimeClient
 from tests.lab.crihook_proc import short_tmpdir
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.small_disk import SmallDisk, small_disk
@@ -975,6 +976,26 @@ async def test_reconcile_pod_of_a_pod_the_runtime_does_not_have_adds_nothing(
     await store.close()
 
 
+async def test_on_the_h2_data_path_the_reconcile_still_asks_over_grpc_aio(
+    tmp_path: Path, fake_runtime: FakeRuntime
+) -> None:
+    """The control path is RuntimeClient.control, which the h2 client inherits as it is:
+    crihook's own questions stay on grpc.aio's channels whichever data path serves kubelet."""
+    assert "control" not in vars(H2RuntimeClient)
+    client = H2RuntimeClient(RuntimeSettings(endpoint=fake_runtime.endpoint), Flusher())
+    store = loaded(tmp_path)
+    try:
+        assert await store.reconcile(client) == (0, 0, 0)
+        calls = fake_runtime.calls("ListPodSandbox") + fake_runtime.calls("ListContainers")
+        assert len(calls) == 2
+        agents = {value for call in calls for key, value in call.metadata if key == "user-agent"}
+        assert len(agents) == 1 and agents.pop().startswith("grpc-python-asyncio/")
+        assert client.runtime_pool.ready() is None  # no HTTP/2 connection of its own
+    finally:
+        await store.close()
+        await client.close()
+
+
 async def test_reconcile_pod_raises_when_the_runtime_fails(
     tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
 ) -> None:
@@ -982,9 +1003,9 @@ async def test_reconcile_pod_raises_when_the_runtime_fails(
         code=grpc.StatusCode.UNAVAILABLE, details="restarting"
     )
     store = loaded(tmp_path)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
+    with pytest.raises(RuntimeCallFailed) as info:
         await store.reconcile_pod(runtime_client, "uid-a")
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.status.code == grpc.StatusCode.UNAVAILABLE
     assert store.pods == {}
     await store.close()
 
