@@ -40,7 +40,7 @@ from crihook.hooks.spec.views import container_view_from_config, pod_view_from_c
 from crihook.proxy.chain.chain import Chain, ChainEntry
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
-from crihook.proxy.state.store import HookStateStore
+from crihook.proxy.state.hook_state import HookStateStore
 
 REQUEST = fake_create_container_request()
 ANNOTATE = {"key": "bench.io/a", "value": "x"}

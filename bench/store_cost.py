@@ -27,7 +27,8 @@ from pathlib import Path
 
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 
 
 def _pod(i: int) -> PodRecord:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc.aio
 from google.protobuf.message import DecodeError
 
 from crihook import __version__
@@ -45,6 +44,7 @@ from crihook.hooks.node import (
     Staging,
     Topology,
 )
+from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy.chain.chain import Chain
@@ -59,6 +59,7 @@ from crihook.proxy.core.sync import RuntimeView, Synchronizer, SyncQueries, Sync
 from crihook.proxy.cri.handler import Serving
 from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.early import Claimed, claim
 from crihook.proxy.ops import call_log, sdnotify
 from crihook.proxy.ops.call_log import CallLog
@@ -102,7 +103,7 @@ class App:
             if settings.server.data_path == "h2"
             else RuntimeClient(settings.runtime)
         )
-        self.store = Store(settings.state_dir)
+        self.store = Store(settings.state_dir, journal_in_thread(settings.state_dir))
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.pipeline = Pipeline(
@@ -339,11 +340,11 @@ class App:
                 # The states as the reconcile just listed them: no third list call.
                 await self.sync.synchronize("start", self.store.container_states())
                 break
-            except grpc.aio.AioRpcError as exc:  # the runtime went away again mid-way
+            except RuntimeCallFailed as exc:  # the runtime went away again mid-way
                 log.warning(
                     "reconciling with the runtime failed (%s: %s); retrying",
-                    exc.code().name,
-                    exc.details(),
+                    exc.status.code.name,
+                    exc.status.details,
                 )
                 await asyncio.sleep(0.5)
         try:
@@ -574,6 +575,25 @@ def _tell_all(
             listener(outcome)
 
     return tell
+
+
+def journal_in_thread(state_dir: Path) -> bool:
+    """Whether the store writes its hook journal lines from a worker thread: its state
+    directory is on a file system that can block (network, FUSE). The mount table is read
+    here, so that proxy/state touches no /proc."""
+    mounts = MountTable()
+    try:
+        blocking = mounts.blocking_type(str(state_dir.resolve()))
+    finally:
+        mounts.close()
+    if blocking is not None:
+        log.info(
+            "the state directory %s is on a %s file system: hook journal lines are written "
+            "from a worker thread",
+            state_dir,
+            blocking,
+        )
+    return blocking is not None
 
 
 async def run(settings: Settings, claimed: Claimed | None = None) -> int:

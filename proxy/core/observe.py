@@ -28,8 +28,6 @@ import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-import grpc.aio
-
 from crihook.hooks.node import (
     DeviceNode,
     Host,
@@ -44,6 +42,7 @@ from crihook.hooks.node import (
 )
 from crihook.hooks.spec import ContainerState, RuntimeQueries
 from crihook.proxy.cri.outcome import Observation
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 
 __all__ = [
     "EFFECTS",
@@ -90,8 +89,8 @@ def end(token: contextvars.Token[list[Observation] | None]) -> None:
 
 def error_doc(exc: BaseException) -> dict[str, Any]:
     """An error a seam raised, as a recording keeps it."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return {"type": "rpc", "code": exc.code().name, "message": exc.details() or ""}
+    if isinstance(exc, RuntimeCallFailed):
+        return {"type": "rpc", "code": exc.status.code.name, "message": exc.status.details}
     doc: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, OSError) and exc.errno is not None:
         doc["errno"] = exc.errno

@@ -45,11 +45,13 @@ from crihook.proxy.core.readback import ReadBack
 from crihook.proxy.core.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerUpdater
 from crihook.proxy.core.validate import check_request, check_resources, check_wire
 from crihook.proxy.cri.methods import INTERCEPTED, method_path
-from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Metadata, Outcome, Status
 from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
 from crihook.proxy.cri.values import jsonable
 from crihook.proxy.errors import CrihookError, HookRejected
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 
 __all__ = ["Pipeline"]
 

@@ -35,8 +35,8 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import parse_cpu_list
 from crihook.hooks.spec.adjustment import REMOVE, Field, FieldKey, describe_key
 from crihook.proxy.cri.methods import method_path
-from crihook.proxy.cri.outcome import Runtime, RuntimeCallFailed
-from crihook.proxy.state.crio_status import runtime_spec
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
+from crihook.proxy.state.runtime_status import runtime_spec
 from crihook.proxy.state.store import Store
 
 __all__ = ["COMPARED", "Change", "ReadBack", "changes"]

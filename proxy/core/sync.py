@@ -25,9 +25,6 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
-import grpc
-import grpc.aio
-
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Host, HostFiles, Netlink, PodCgroups, Staging, Topology
 from crihook.hooks.spec import ContainerState, ContainerView, PodView, RuntimeQueries, SyncContext
@@ -38,8 +35,9 @@ from crihook.proxy.core import observe
 from crihook.proxy.core.updates import ContainerUpdater
 from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import Observation, SentUpdate
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
-from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 
 __all__ = [
     "RuntimeView",
@@ -85,10 +83,10 @@ class SyncReport(NamedTuple):
 class RuntimeView:
     """The runtime as hooks may query it on the call path (`RuntimeQueries`)."""
 
-    def __init__(self, runtime: RuntimeClient) -> None:
-        self._list = runtime.unary(method_path("RuntimeService", "ListContainers"))
-        self._status = runtime.unary(method_path("RuntimeService", "ContainerStatus"))
-        self._pod_status = runtime.unary(method_path("RuntimeService", "PodSandboxStatus"))
+    def __init__(self, runtime: Runtime) -> None:
+        self._list = runtime.control(method_path("RuntimeService", "ListContainers"))
+        self._status = runtime.control(method_path("RuntimeService", "ContainerStatus"))
+        self._pod_status = runtime.control(method_path("RuntimeService", "PodSandboxStatus"))
 
     async def container_states(self, pod_id: str) -> Mapping[str, ContainerState]:
         return await self._states(api_pb2.ContainerFilter(pod_sandbox_id=pod_id))
@@ -143,7 +141,7 @@ class Synchronizer:
         chain: Chain,
         store: Store,
         runtime: SyncQueries,
-        runtime_client: RuntimeClient | None,
+        runtime_client: Runtime | None,
         updater: ContainerUpdater,
         node: Topology,
         host: Host,
@@ -195,7 +193,7 @@ class Synchronizer:
     async def _refresh(self, record: ContainerRecord) -> int:
         try:
             linux = await self.runtime.resources(record.view.id)
-        except grpc.aio.AioRpcError:
+        except RuntimeCallFailed:
             return 0  # gone meanwhile: the next reconcile drops it
         if self.store.container(record.view.id) is not record:
             return 0  # removed, or replaced by a call, while we waited
@@ -292,8 +290,8 @@ class Synchronizer:
             await asyncio.sleep(period)
             try:
                 await self.forget_removed()
-            except grpc.aio.AioRpcError as exc:
-                log.debug("reconcile: the runtime did not answer (%s)", exc.code().name)
+            except RuntimeCallFailed as exc:
+                log.debug("reconcile: the runtime did not answer (%s)", exc.status.code.name)
             except Exception:  # a bug: said, and the next round runs all the same
                 log.exception("reconcile with the runtime failed")
 
@@ -397,10 +395,10 @@ class Synchronizer:
                         if forgot == (0, 0):
                             await self.synchronize(reason)
                     break
-                except grpc.aio.AioRpcError as exc:
+                except RuntimeCallFailed as exc:
                     attempt += 1
                     if attempt in (1, 10) or attempt % 60 == 0:
-                        log.warning("%s waits for the runtime: %s", label, exc.code().name)
+                        log.warning("%s waits for the runtime: %s", label, exc.status.code.name)
                     delay = min(max(delay, RECONCILE_DELAY_SECONDS) * 2, 5.0)
             if pods or containers:
                 log.info(

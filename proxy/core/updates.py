@@ -53,8 +53,10 @@ from crihook.hooks.spec.views import resources_updated
 from crihook.proxy.chain.merge import PendingGroup, PendingUpdate, next_order
 from crihook.proxy.core.histogram import Histogram
 from crihook.proxy.cri.methods import method_path
-from crihook.proxy.cri.outcome import Runtime, RuntimeCallFailed, SentUpdate, Status
-from crihook.proxy.state.store import ContainerRecord, Store
+from crihook.proxy.cri.outcome import SentUpdate, Status
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
+from crihook.proxy.state.records import ContainerRecord
+from crihook.proxy.state.store import Store
 
 __all__ = [
     "MAX_PARALLEL",

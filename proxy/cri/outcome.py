@@ -5,16 +5,14 @@ and a deadline, drives a `Runtime`, and returns an `Outcome`: what was forwarded
 kubelet sent when nothing changed), the runtime's answer or the status the call ends with,
 each hook's verdict, adjustment and timing, and the updates to other containers it issued
 (sent after the answer, or before it with `updates = "before-answer"`). The gRPC server,
-recording and replay all sit on this value.
-
-    Runtime ── call(path) ──▶ UnaryCall(request, timeout=, metadata=) -> bytes
-                              raises RuntimeCallFailed(Status) for the runtime's error status
+recording and replay all sit on this value. The `Runtime` it drives, and the error a failed
+runtime call raises, are in proxy/cri/runtime.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -25,11 +23,8 @@ __all__ = [
     "Metadata",
     "Observation",
     "Outcome",
-    "Runtime",
-    "RuntimeCallFailed",
     "SentUpdate",
     "Status",
-    "UnaryCall",
     "clean_metadata",
 ]
 
@@ -58,27 +53,6 @@ class Status(NamedTuple):
     code: grpc.StatusCode
     details: str
     trailers: Metadata = ()
-
-
-class RuntimeCallFailed(Exception):
-    """The runtime answered a call with an error status (or could not be reached)."""
-
-    def __init__(self, status: Status) -> None:
-        super().__init__(f"{status.code.name}: {status.details}")
-        self.status = status
-
-
-class UnaryCall(Protocol):
-    def __call__(
-        self, request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
-    ) -> Awaitable[bytes]: ...
-
-
-class Runtime(Protocol):
-    """The runtime as the core sees it: raw unary calls by method path
-    (`/runtime.v1.RuntimeService/CreateContainer`)."""
-
-    def call(self, path: str) -> UnaryCall: ...
 
 
 class HookRun(NamedTuple):

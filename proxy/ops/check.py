@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-import grpc.aio
 from google.protobuf.message import DecodeError
 
 from crihook.api.cri.v1 import api_pb2
@@ -55,6 +54,7 @@ from crihook.proxy.config import (
     load_config,
 )
 from crihook.proxy.cri.methods import method_path
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops.kubelet_settings import (
     CONFIG_DIR_FLAG,
@@ -333,7 +333,7 @@ async def _runtime_findings(settings: Settings, findings: list[Finding]) -> str 
     try:
         try:
             answer = await _call(client, "Version", api_pb2.VersionRequest())
-        except grpc.aio.AioRpcError as exc:
+        except RuntimeCallFailed as exc:
             findings.append(
                 Finding(Level.ERROR, topic, f"{endpoint} does not answer Version ({_status(exc)})")
             )
@@ -356,7 +356,7 @@ async def _runtime_findings(settings: Settings, findings: list[Finding]) -> str 
             status = api_pb2.StatusResponse.FromString(
                 await _call(client, "Status", api_pb2.StatusRequest(verbose=True))
             )
-        except grpc.aio.AioRpcError as exc:
+        except RuntimeCallFailed as exc:
             findings.append(Finding(Level.ERROR, topic, f"Status failed ({_status(exc)})"))
         else:
             info = status.info
@@ -375,7 +375,7 @@ async def _runtime_findings(settings: Settings, findings: list[Finding]) -> str 
 
 async def _call(client: RuntimeClient, name: str, request: Any, image: bool = False) -> bytes:
     service = "ImageService" if image else "RuntimeService"
-    call = client.unary(method_path(service, name), image_service=image)
+    call = client.control(method_path(service, name), image_service=image)
     answer: bytes = await call(request.SerializeToString(), timeout=RUNTIME_TIMEOUT_SECONDS)
     return answer
 
@@ -383,7 +383,7 @@ async def _call(client: RuntimeClient, name: str, request: Any, image: bool = Fa
 async def _image_finding(client: RuntimeClient, endpoint: str) -> Finding:
     try:
         await _call(client, "ImageFsInfo", api_pb2.ImageFsInfoRequest(), image=True)
-    except grpc.aio.AioRpcError as exc:
+    except RuntimeCallFailed as exc:
         return Finding(Level.ERROR, "images", f"{endpoint} does not answer ({_status(exc)})")
     return Finding(Level.OK, "images", f"image service at {endpoint}")
 
@@ -411,8 +411,8 @@ async def _cgroup_driver(client: RuntimeClient, info: Mapping[str, str]) -> tupl
     # containerd >= 2.0 answers RuntimeConfig (what kubelet >= 1.28 asks); 1.6 does not.
     try:
         answer = await _call(client, "RuntimeConfig", api_pb2.RuntimeConfigRequest())
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+    except RuntimeCallFailed as exc:
+        if exc.status.code != grpc.StatusCode.UNIMPLEMENTED:
             return None, f"RuntimeConfig failed: {_status(exc)}"
     else:
         try:
@@ -459,8 +459,8 @@ def cgroup_driver_from_info(info: Mapping[str, str]) -> tuple[str | None, str]:
     return "cgroupfs", f"{where}, runc's default"
 
 
-def _status(exc: grpc.aio.AioRpcError) -> str:
-    return f"{exc.code().name}: {exc.details()}"
+def _status(exc: RuntimeCallFailed) -> str:
+    return f"{exc.status.code.name}: {exc.status.details}"
 
 
 # --- kubelet -----------------------------------------------------------------------------

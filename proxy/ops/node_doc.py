@@ -29,7 +29,7 @@ from crihook import __version__
 from crihook.hooks.node import Topology, TopologyError, format_cpu_list
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.errors import ConfigError
-from crihook.proxy.state.store import write_atomic
+from crihook.proxy.state.journal import write_atomic
 
 __all__ = ["NODE_FILE", "NODE_FORMAT", "node_doc", "read_topology", "write_node_doc"]
 

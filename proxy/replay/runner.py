@@ -70,7 +70,8 @@ from crihook.proxy.replay.file import (
 )
 from crihook.proxy.replay.plugins import StandIns, base_name
 from crihook.proxy.replay.seams import RecordedNetlink, RecordedNode, RecordedRuntime
-from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import Store
 
 __all__ = ["EntryResult", "ReplayReport", "replay", "settings_for"]
 

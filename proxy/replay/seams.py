@@ -29,13 +29,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
-import grpc.aio
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import DEFAULT_STAGING_ROOT, DeviceNode, LinkInfo, NetlinkSession, PodLimits
 from crihook.hooks.spec import ContainerState
 from crihook.proxy.core.observe import EFFECTS
-from crihook.proxy.cri.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
+from crihook.proxy.cri.outcome import Metadata, Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed, UnaryCall
 from crihook.proxy.replay.file import CallEntry
 from crihook.proxy.state.store import Store
 
@@ -69,6 +69,11 @@ class RecordedRuntime:
             return self._answer(method, request)
 
         return call
+
+    def control(self, path: str, image_service: bool = False) -> UnaryCall:
+        """The control path answers from the recording as the data path does (a replay's
+        reconcile and queries go to `RecordedNode`, so nothing asks it today)."""
+        return self.call(path)
 
     def _answer(self, method: str, request: bytes) -> bytes:
         entry = self.call_entry
@@ -368,10 +373,7 @@ def _error(doc: Mapping[str, Any]) -> BaseException:
     kind, message = str(doc.get("type")), str(doc.get("message", ""))
     if kind == "rpc":
         code = _CODES.get(str(doc.get("code")), grpc.StatusCode.UNKNOWN)
-        error: BaseException = grpc.aio.AioRpcError(
-            code, grpc.aio.Metadata(), grpc.aio.Metadata(), message
-        )
-        return error
+        return RuntimeCallFailed(Status(code, message))
     if kind == "ValueError":
         return ValueError(message)
     if kind in _OS_ERRORS or "errno" in doc:

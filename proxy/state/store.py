@@ -54,6 +54,10 @@ reaches the hook journal before the compaction that covers it, so replaying an o
 journal file over newer state files changes nothing. A store.json written before the
 records journal existed (no `"journal"`) loads as the snapshot it is, and is rewritten in
 the new layout at the first compaction.
+
+Around the `Store`: its records (proxy/state/records.py), a hook's state
+(proxy/state/hook_state.py), the files it writes (proxy/state/journal.py), and the
+reconcile with the runtime (proxy/state/reconcile.py), which `Store.reconcile*` hand on to.
 """
 
 from __future__ import annotations
@@ -62,34 +66,31 @@ import asyncio
 import contextlib
 import contextvars
 import json
-import json.encoder
 import logging
 import os
-import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
-from google.protobuf import json_format
-
-from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerView, PodView
-from crihook.hooks.spec.views import (
-    container_state,
-    container_view_from_config,
-    pod_view_from_config,
-    qos_from_cgroup_parent,
-    resources_view,
-)
-from crihook.proxy.cri.methods import method_path
+from crihook.proxy.cri.runtime import Runtime
 from crihook.proxy.errors import StateWriteError
-from crihook.proxy.state.crio_status import crio_config
-from crihook.proxy.state.directory import HOOKS_DIR, STATE_DIR_MODE, STATE_FILE_MODE
+from crihook.proxy.state import reconcile
+from crihook.proxy.state.directory import HOOKS_DIR, STATE_DIR_MODE
+from crihook.proxy.state.hook_state import HookStateStore, encode_key, encode_value
+from crihook.proxy.state.journal import (
+    JournalFile,
+    describe,
+    fsync_file,
+    journal_files,
+    journal_name,
+    remove_files,
+    remove_leftover_temp_files,
+    write_atomic,
+)
+from crihook.proxy.state.records import ContainerRecord, PodRecord
 from crihook.proxy.state.records_journal import (
     apply_records,
     read_records,
@@ -97,28 +98,14 @@ from crihook.proxy.state.records_journal import (
     records_name,
 )
 from crihook.proxy.state.unsettled import Unsettled
-from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
-__all__ = [
-    "ContainerRecord",
-    "HookStateStore",
-    "JournalFile",
-    "PodRecord",
-    "Store",
-    "apply_journal",
-    "journal_files",
-    "read_journal",
-    "write_atomic",
-]
+__all__ = ["Store", "apply_journal", "read_journal"]
 
 log = logging.getLogger(__name__)
 
 STORE_VERSION = 1
 STORE_FILE = "store.json"
 STATUS_FILE = "status.json"
-JOURNAL_PREFIX = "journal-"
-JOURNAL_SUFFIX = ".jsonl"
-"""Hook journal files: hooks/journal-<n>.jsonl, n counting up from 1 in each process life."""
 WRITE_BEHIND_SECONDS = 0.2
 COMPACT_SECONDS = 2.0
 """A journal line is folded into the snapshot files at most this long after it was written
@@ -127,185 +114,12 @@ RETRY_FIRST_SECONDS = 0.2
 """After a failed write-behind, the first retry waits this long; each next one twice as long."""
 RETRY_MAX_SECONDS = 5.0
 """The longest wait between two retries of a failed write-behind."""
-TEMP_MARK = ".tmp-"
 MAX_UPDATE_ERRORS = 10
 """A container record keeps its newest refused updates, this many (the log has them all)."""
-STALE_TEMP_SECONDS = 60.0
-"""A temp file of a live process older than this is left over too (a write takes ms)."""
-POD_UID_LABEL = "io.kubernetes.pod.uid"
-"""The label kubelet puts on every sandbox; a ListPodSandbox filter finds a pod by it."""
 
 
-def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
-    """Replace `path` with `data` so that a crash leaves the old or the new file, never half.
-    `durable=False` skips the fsyncs (for files that are rewritten every second anyway).
-    A failed step removes the temp file (a full disk stays no fuller) and raises OSError.
-    The file is root's alone (STATE_FILE_MODE): pod annotations in it may carry secrets."""
-    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STATE_FILE_MODE)
-        with open(fd, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-@dataclass
-class PodRecord:
-    view: PodView
-    audit: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """field → {hook, value, event, at}: the last hook that set each field."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"view": self.view.to_dict(), "audit": self.audit}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> PodRecord:
-        return cls(PodView.from_dict(doc["view"]), dict(doc.get("audit", {})))
-
-
-@dataclass
-class ContainerRecord:
-    view: ContainerView
-    audit: dict[str, dict[str, Any]] = field(default_factory=dict)
-    update_errors: list[dict[str, Any]] = field(default_factory=list)
-    """UpdateContainerResources that crihook sent for a hook and the runtime refused."""
-    state: ContainerState = ContainerState.UNKNOWN
-    """As last seen: the runtime's at reconcile, else what kubelet's last call made it (a
-    container that exits on its own stays `running` here until the next reconcile)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "view": self.view.to_dict(),
-            "audit": self.audit,
-            "update_errors": self.update_errors,
-            "state": self.state.value,
-        }
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> ContainerRecord:
-        return cls(
-            ContainerView.from_dict(doc["view"]),
-            dict(doc.get("audit", {})),
-            list(doc.get("update_errors", [])),
-            ContainerState(doc.get("state", "unknown")),
-        )
-
-
-class HookStateStore:
-    """One hook's private key-value namespace (JSON values), persisted with the store. Each
-    value is encoded once, when it is set: the journal line and the compaction join the
-    encodings instead of encoding the state again."""
-
-    def __init__(self, name: str, data: dict[str, Any], on_change: Any) -> None:
-        self.name = name
-        self._data = data
-        self._json: dict[str, str] = {}
-        """Key → its value's JSON; a key missing here (loaded from disk) is encoded lazily."""
-        self._on_change = on_change
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def set(self, key: str, value: Any) -> None:
-        # Encoded here: what cannot be persisted is refused at the hook's call site.
-        encoded = _encode_value(value)
-        self._data[key] = value
-        self._json[key] = encoded
-        self._on_change(self.name, key)
-
-    def delete(self, key: str) -> None:
-        if key in self._data:
-            del self._data[key]
-            self._json.pop(key, None)
-            self._on_change(self.name, key)
-
-    def items(self) -> Iterator[tuple[str, Any]]:
-        return iter(list(self._data.items()))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self._data)
-
-    def encoded(self) -> bytes:
-        """The whole state as a JSON object (keys sorted), for its state file."""
-        pairs = ",".join(f"{_encode_key(k)}:{self._value(k)}" for k in sorted(self._data))
-        return f"{{{pairs}}}".encode()
-
-    def changes(self, keys: Iterable[str]) -> str:
-        """A journal entry for `keys`, as JSON: their values now (`set`), and those no
-        longer set (`delete`)."""
-        present = sorted(k for k in keys if k in self._data)
-        gone = sorted(k for k in keys if k not in self._data)
-        parts = []
-        if present:
-            values = ",".join(f"{_encode_key(k)}:{self._value(k)}" for k in present)
-            parts.append(f'"set":{{{values}}}')
-        if gone:
-            parts.append(f'"delete":{_encode_value(gone)}')
-        return f"{{{','.join(parts)}}}"
-
-    def _value(self, key: str) -> str:
-        encoded = self._json.get(key)
-        if encoded is None:
-            encoded = self._json[key] = _encode_value(self._data[key])
-        return encoded
-
-
-def _value_encoder() -> Callable[[Any], str]:
-    """JSON with sorted keys and no spaces, as json.JSONEncoder(sort_keys=True, separators=
-    (",", ":")).encode gives it. Made once: json.dumps with options builds an encoder on
-    every call, and JSONEncoder.encode its C encoder; a call that reserves something encodes
-    a value or two (~2.6 µs each that way, ~1.6 µs with the C encoder kept)."""
-    fallback = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-    make = getattr(json.encoder, "c_make_encoder", None)  # not in the typing stubs
-    if make is None:  # an interpreter without the C accelerator
-        return fallback.encode
-    # No circular-reference markers: a value that contains itself exceeds the recursion
-    # limit instead (RecursionError, refused at the hook's call site all the same).
-    chunks = make(
-        None, fallback.default, json.encoder.encode_basestring_ascii, None, ":", ",", True,
-        False, True,
-    )  # fmt: skip
-
-    def encode(value: Any) -> str:
-        if isinstance(value, str):
-            return json.encoder.encode_basestring_ascii(value)
-        return "".join(chunks(value, 0))
-
-    return encode
-
-
-_encode_value = _value_encoder()
-_encode_key = json.encoder.encode_basestring_ascii  # json.dumps(a str), without its overhead
-
-
-def journal_name(gen: int) -> str:
-    return f"{JOURNAL_PREFIX}{gen}{JOURNAL_SUFFIX}"
-
-
-def journal_files(hooks_dir: Path) -> list[tuple[int, Path]]:
-    """The hook journal files in `hooks_dir`, oldest first."""
-    found = []
-    for path in hooks_dir.glob(f"{JOURNAL_PREFIX}*{JOURNAL_SUFFIX}"):
-        number = path.name[len(JOURNAL_PREFIX) : -len(JOURNAL_SUFFIX)]
-        if number.isdigit():
-            found.append((int(number), path))
-    return sorted(found)
-
-
+# Reading the hook journal back stays with load(): what it finds unreadable is the store's
+# own log line (tests and operators read it under this module's logger).
 def read_journal(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
     """The lines of the hook journal files in `hooks_dir`, oldest file first. Read them
     before the state files when crihook may be running: a compaction between the two reads
@@ -317,7 +131,7 @@ def read_journal(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
         except FileNotFoundError:
             continue  # a compaction took it into the state files meanwhile
         except OSError as exc:
-            log.error("cannot read the hook journal %s: %s", path, _describe(exc))
+            log.error("cannot read the hook journal %s: %s", path, describe(exc))
     return found
 
 
@@ -348,68 +162,6 @@ def apply_journal(journal: list[tuple[Path, list[bytes]]], states: dict[str, Any
     return replayed
 
 
-class JournalFile:
-    """The journal file lines are appended to, kept open from one line to the next: opening
-    it for every line was a path lookup and two more system calls on every call that
-    reserves something. A file removed under it (its link count is 0) is made again."""
-
-    def __init__(self) -> None:
-        self._path: Path | None = None
-        self._fd: int | None = None
-
-    def append(self, path: Path, data: bytes) -> None:
-        """Append `data` to `path` (created if missing), or raise OSError and leave the file
-        as it was: a short write on a full disk is cut off again, so no torn line stays
-        between two whole ones."""
-        fd = self._fd
-        # The store hands the same Path object for a whole generation: identity first
-        # (pathlib's == builds both paths' parts on every line).
-        if fd is None or (path is not self._path and path != self._path):
-            fd = self._open(path)
-        try:
-            st = os.fstat(fd)
-            if not st.st_nlink:  # removed under us (the state directory cleared)
-                fd = self._open(path)
-                st = os.fstat(fd)
-        except OSError:
-            self.close()
-            raise
-        size = st.st_size
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            with contextlib.suppress(OSError):
-                if size:
-                    os.ftruncate(fd, size)
-                else:
-                    os.unlink(path)  # only this process writes it: the empty file is ours
-            self.close()  # the next line opens (and makes) the file again
-            raise
-
-    def sync(self) -> None:
-        """fsync what was appended (raises OSError)."""
-        if self._fd is not None:
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = self._path = None
-
-    def _open(self, path: Path) -> int:
-        self.close()
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags, STATE_FILE_MODE)
-        except FileNotFoundError:
-            path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-            fd = os.open(path, flags, STATE_FILE_MODE)
-        self._fd, self._path = fd, path
-        return fd
-
-
 class CallChanges:
     """The hook state changes one call made (the number of its last one; 0: none)."""
 
@@ -430,7 +182,7 @@ class _WriteFailed(Exception):
     def __init__(self, path: Path, error: OSError) -> None:
         self.path = path
         self.error = error
-        self.reason = f"cannot write {path}: {_describe(error)}"
+        self.reason = f"cannot write {path}: {describe(error)}"
         super().__init__(self.reason)
 
 
@@ -461,7 +213,7 @@ class _Plan:
 
 
 class Store:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, journal_in_thread: bool = False) -> None:
         self.state_dir = state_dir
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
@@ -506,9 +258,9 @@ class Store:
         self._write_lock = asyncio.Lock()
         self._journal_lock = asyncio.Lock()
         """Orders journal lines: each holds values newer than the line before it."""
-        self.journal_in_thread = False
+        self.journal_in_thread = journal_in_thread
         """Journal lines are written from a worker thread: the state directory is on a file
-        system that can block (network, FUSE); found at load()."""
+        system that can block (network, FUSE), which the caller found out (app.py)."""
         self.status_provider: Callable[[], dict[str, Any]] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -660,7 +412,7 @@ class Store:
         temp files an interrupted write left behind are removed."""
         (self.state_dir / HOOKS_DIR).mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         for directory in (self.state_dir, self.state_dir / HOOKS_DIR):
-            _remove_leftover_temp_files(directory)
+            remove_leftover_temp_files(directory)
         self._load_records()
         self.in_doubt = self.unsettled.load(self.containers.keys())
         hooks_dir = self.state_dir / HOOKS_DIR
@@ -683,19 +435,6 @@ class Store:
         self._journal_gen = last + 1
         if replayed or self._records_bytes:
             self._compact_wanted = True
-        mounts = MountTable()
-        try:
-            blocking = mounts.blocking_type(str(self.state_dir.resolve()))
-        finally:
-            mounts.close()
-        self.journal_in_thread = blocking is not None
-        if blocking is not None:
-            log.info(
-                "the state directory %s is on a %s file system: hook journal lines are written "
-                "from a worker thread",
-                self.state_dir,
-                blocking,
-            )
 
     def _load_records(self) -> None:
         """store.json (the snapshot; today's or an older crihook's, which has no journal)
@@ -837,9 +576,9 @@ class Store:
                     "cannot write %s: %s; `crihook state` shows the last status written "
                     "until it works again",
                     path,
-                    _describe(exc),
+                    describe(exc),
                 )
-            self._status_error = _describe(exc)
+            self._status_error = describe(exc)
             return
         if self._status_error is not None:
             log.info("%s written again (%d failed writes)", path, self.status_write_failures)
@@ -967,10 +706,10 @@ class Store:
             except OSError as exc:
                 raise _WriteFailed(path, exc) from exc
         if plan.hooks:
-            _remove_files(journal_files(hooks_dir), plan.hooks_covered)
+            remove_files(journal_files(hooks_dir), plan.hooks_covered)
         if plan.sync is not None:
             try:
-                _fsync(plan.sync)
+                fsync_file(plan.sync)
             except FileNotFoundError:
                 pass  # a compaction took it into the state files meanwhile
             except OSError as exc:
@@ -996,7 +735,7 @@ class Store:
             except OSError as exc:
                 raise _WriteFailed(path, exc) from exc
             plan.snapshot_bytes = len(data)
-            _remove_files(records_files(self.state_dir), covered)
+            remove_files(records_files(self.state_dir), covered)
 
     def _journaled_since_compaction(self) -> None:
         """A journal line the snapshot files lack: folded into them within COMPACT_SECONDS."""
@@ -1033,7 +772,7 @@ class Store:
         taken = self._unjournaled
         if taken:
             entries = ",".join(
-                f"{_encode_key(name)}:{self._hook_states[name].changes(keys)}"
+                f"{encode_key(name)}:{self._hook_states[name].changes(keys)}"
                 for name, keys in sorted(taken.items())
             )
             path = self._journal_path()
@@ -1079,217 +818,28 @@ class Store:
         self.degraded = None
         self.degraded_since = None
 
-    # --- reconcile with the runtime ------------------------------------------------------------
-    async def reconcile(self, runtime: RuntimeClient) -> tuple[int, int, int]:
+    # --- reconcile with the runtime (proxy/state/reconcile.py) ------------------------------------
+    async def reconcile(self, runtime: Runtime) -> tuple[int, int, int]:
         """Drop what the runtime no longer has, rebuild what it has that the disk lacks.
         Returns (kept, rebuilt, dropped) counts over pods and containers."""
-        sandboxes, containers = await _everything(runtime)
-        live_pods = {s.id: s for s in sandboxes.items if s.id}
-        live_containers = {c.id: c for c in containers.containers if c.id}
-        kept = rebuilt = dropped = 0
-        for cid in list(self.containers):
-            if cid not in live_containers:
-                self.remove_container(cid)
-                dropped += 1
-        for sid in list(self.pods):
-            if sid not in live_pods:
-                self.remove_pod(sid)
-                dropped += 1
-        for sid, sandbox in live_pods.items():
-            if sid in self.pods:
-                kept += 1
-                continue
-            self.put_pod(PodRecord(await _rebuild_pod(runtime, sandbox)))
-            rebuilt += 1
-        for cid, container in live_containers.items():
-            if cid in self.containers:
-                kept += 1
-                self.set_state(cid, container_state(container.state))
-                continue
-            pod = self.pods.get(container.pod_sandbox_id)
-            if pod is None:
-                continue  # a container of a sandbox the runtime did not list: nothing to hang it on
-            view = await _rebuild_container(runtime, container, pod.view)
-            self.put_container(ContainerRecord(view, state=container_state(container.state)))
-            rebuilt += 1
-        return kept, rebuilt, dropped
+        return await reconcile.reconcile(self, runtime)
 
-    async def missing_from(self, runtime: RuntimeClient) -> tuple[list[str], list[str]]:
-        """The sandbox and container ids recorded here that the runtime no longer lists:
-        removed without crihook (another client, an operator's crictl, the runtime's own
-        clean-up). Changes nothing. Raises grpc.aio.AioRpcError when the runtime fails."""
-        sandboxes, containers = await _everything(runtime)
-        live_pods = {s.id for s in sandboxes.items}
-        live_containers = {c.id for c in containers.containers}
-        return (
-            [sid for sid in self.pods if sid not in live_pods],
-            [cid for cid in self.containers if cid not in live_containers],
-        )
+    async def missing_from(self, runtime: Runtime) -> tuple[list[str], list[str]]:
+        """The sandbox and container ids recorded here that the runtime no longer lists
+        (reconcile.missing_from)."""
+        return await reconcile.missing_from(self, runtime)
 
     async def reconcile_pod(
-        self, runtime: RuntimeClient, pod_uid: str
+        self, runtime: Runtime, pod_uid: str
     ) -> tuple[list[PodRecord], list[ContainerRecord]]:
-        """Rebuild what the runtime has of one pod and the store lacks; returns the records
-        added (drops nothing). For a RunPodSandbox whose outcome crihook did not see (the
-        runtime went away, the deadline passed): the runtime may have kept a sandbox.
-
-        Sandboxes are found by kubelet's `io.kubernetes.pod.uid` label, or, when none
-        carries it (a client other than kubelet), by metadata.uid among all of them; their
-        containers by a sandbox filter. Raises grpc.aio.AioRpcError when the runtime fails
-        a call; what was added before stays."""
-        if not pod_uid:
-            raise ValueError("reconcile_pod needs a pod uid")
-        by_label = await _call(
-            runtime,
-            "ListPodSandbox",
-            api_pb2.ListPodSandboxRequest(
-                filter=api_pb2.PodSandboxFilter(label_selector={POD_UID_LABEL: pod_uid})
-            ),
-            api_pb2.ListPodSandboxResponse,
-        )
-        sandboxes = [s for s in by_label.items if s.id]
-        if not sandboxes:
-            every = await _call(
-                runtime,
-                "ListPodSandbox",
-                api_pb2.ListPodSandboxRequest(),
-                api_pb2.ListPodSandboxResponse,
-            )
-            sandboxes = [s for s in every.items if s.id and s.metadata.uid == pod_uid]
-        return await self._learn(runtime, sandboxes)
+        """Rebuild what the runtime has of one pod and the store lacks (reconcile.reconcile_pod)."""
+        return await reconcile.reconcile_pod(self, runtime, pod_uid)
 
     async def reconcile_sandbox(
-        self, runtime: RuntimeClient, sandbox_id: str
+        self, runtime: Runtime, sandbox_id: str
     ) -> tuple[list[PodRecord], list[ContainerRecord]]:
         """As `reconcile_pod`, for one sandbox by id (a pod the runtime restored)."""
-        listed = await _call(
-            runtime,
-            "ListPodSandbox",
-            api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id)),
-            api_pb2.ListPodSandboxResponse,
-        )
-        return await self._learn(runtime, [s for s in listed.items if s.id == sandbox_id])
-
-    async def _learn(
-        self, runtime: RuntimeClient, sandboxes: list[Any]
-    ) -> tuple[list[PodRecord], list[ContainerRecord]]:
-        """Records for these sandboxes and their containers, where the store lacks them."""
-        pods: list[PodRecord] = []
-        containers: list[ContainerRecord] = []
-        for sandbox in sandboxes:
-            if sandbox.id not in self.pods:
-                pod_view = await _rebuild_pod(runtime, sandbox)
-                if sandbox.id not in self.pods:  # not recorded by a call while we waited
-                    record = PodRecord(pod_view)
-                    self.put_pod(record)
-                    pods.append(record)
-            listed = await _call(
-                runtime,
-                "ListContainers",
-                api_pb2.ListContainersRequest(
-                    filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox.id)
-                ),
-                api_pb2.ListContainersResponse,
-            )
-            for container in listed.containers:
-                if not container.id or container.id in self.containers:
-                    continue
-                pod = self.pods.get(sandbox.id)
-                if pod is None:  # removed by a call while we waited
-                    break
-                container_view = await _rebuild_container(runtime, container, pod.view)
-                if container.id not in self.containers:
-                    container_record = ContainerRecord(
-                        container_view, state=container_state(container.state)
-                    )
-                    self.put_container(container_record)
-                    containers.append(container_record)
-        if pods or containers:
-            self.write_behind()
-        return pods, containers
-
-
-async def _everything(runtime: RuntimeClient) -> tuple[Any, Any]:
-    """Every sandbox and every container the runtime has (two list calls)."""
-    sandboxes = await _call(
-        runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest(), api_pb2.ListPodSandboxResponse
-    )
-    containers = await _call(
-        runtime, "ListContainers", api_pb2.ListContainersRequest(), api_pb2.ListContainersResponse
-    )
-    return sandboxes, containers
-
-
-async def _call(runtime: RuntimeClient, name: str, request: Any, response_type: Any) -> Any:
-    raw = await runtime.unary(method_path("RuntimeService", name))(
-        request.SerializeToString(), timeout=30
-    )
-    return response_type.FromString(raw)
-
-
-def _verbose_config(info: Any, message: Any) -> Any | None:
-    """containerd's verbose status carries the original config as JSON under info["info"];
-    CRI-O's carries only its OCI spec, from which crio_status rebuilds the config."""
-    try:
-        doc = json.loads(info.get("info", "{}")).get("config")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(doc, dict):
-        return crio_config(info, message)
-    doc.pop("envs", None)  # Go marshals env values as text, protobuf JSON expects base64
-    try:
-        return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        log.debug("cannot parse verbose config: %s", exc)
-        return None
-
-
-async def _rebuild_pod(runtime: RuntimeClient, sandbox: Any) -> PodView:
-    try:
-        status = await _call(
-            runtime,
-            "PodSandboxStatus",
-            api_pb2.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True),
-            api_pb2.PodSandboxStatusResponse,
-        )
-        config = _verbose_config(status.info, api_pb2.PodSandboxConfig())
-    except grpc.aio.AioRpcError:
-        config = None
-    if config is None:
-        config = api_pb2.PodSandboxConfig(
-            metadata=sandbox.metadata, labels=sandbox.labels, annotations=sandbox.annotations
-        )
-    return pod_view_from_config(sandbox.id, config, sandbox.runtime_handler)
-
-
-async def _rebuild_container(runtime: RuntimeClient, container: Any, pod: PodView) -> ContainerView:
-    config = None
-    resources = None
-    try:
-        status = await _call(
-            runtime,
-            "ContainerStatus",
-            api_pb2.ContainerStatusRequest(container_id=container.id, verbose=True),
-            api_pb2.ContainerStatusResponse,
-        )
-        config = _verbose_config(status.info, api_pb2.ContainerConfig())
-        if status.status.HasField("resources") and status.status.resources.HasField("linux"):
-            resources = status.status.resources.linux
-    except grpc.aio.AioRpcError:
-        pass
-    if config is None:
-        config = api_pb2.ContainerConfig(
-            metadata=container.metadata,
-            image=container.image,
-            labels=container.labels,
-            annotations=container.annotations,
-        )
-    view = container_view_from_config(container.id, pod, config)
-    if resources is not None:
-        # The runtime's view of the resources is the current one (updates included).
-        qos = qos_from_cgroup_parent(pod.cgroup_parent)
-        view = replace(view, resources=resources_view(resources, qos))
-    return view
+        return await reconcile.reconcile_sandbox(self, runtime, sandbox_id)
 
 
 def _records_line(
@@ -1306,7 +856,7 @@ def _records_line(
         out = []
         for key in sorted(ids):
             if key not in cache:
-                out.append(f"{_encode_key(key)}: null")
+                out.append(f"{encode_key(key)}: null")
                 continue
             fragment = cache[key]
             if fragment is None:
@@ -1317,26 +867,6 @@ def _records_line(
     containers_part = part(containers, container_json, store.containers)
     pods_part = part(pods, pod_json, store.pods)
     return f'{{"containers": {{{containers_part}}}, "pods": {{{pods_part}}}}}\n'.encode()
-
-
-def _remove_files(files: list[tuple[int, Path]], covered: int) -> None:
-    """Remove the journal files numbered up to `covered` (a snapshot holds what they hold)."""
-    for gen, path in files:
-        if gen <= covered:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # replaying it over a newer snapshot is harmless
-                log.warning("cannot remove %s: %s", path, _describe(exc))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fragments(
@@ -1352,7 +882,7 @@ def _fragments(
 
 
 def _fragment(key: str, doc: dict[str, Any]) -> str:
-    return f"{_encode_key(key)}: {_encode_value(doc)}"  # the kept C encoder: ~2x json.dumps
+    return f"{encode_key(key)}: {encode_value(doc)}"  # the kept C encoder: ~2x json.dumps
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -1375,40 +905,3 @@ def _set_aside(path: Path, why: str) -> None:
         "state file %s is unusable (%s); moved to %s, rebuilding from the runtime", path, why, aside
     )
     os.replace(path, aside)
-
-
-def _describe(error: OSError) -> str:
-    """`[Errno 28] No space left on device`, without the temp file's name."""
-    if error.errno is not None and error.strerror:
-        return f"[Errno {error.errno}] {error.strerror}"
-    return str(error)
-
-
-def _remove_leftover_temp_files(directory: Path) -> None:
-    """Remove `.<name>.tmp-<pid>-…` files of writes a crash interrupted: those of a process
-    that is gone (or of this pid, in an earlier life), or too old to be a write in progress."""
-    now = time.time()
-    for tmp in directory.glob(f".*{TEMP_MARK}*"):
-        try:
-            pid_text = tmp.name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
-            pid = int(pid_text) if pid_text.isdigit() else 0
-            writing = pid and pid != os.getpid() and _alive(pid)
-            if writing and now - tmp.lstat().st_mtime < STALE_TEMP_SECONDS:
-                continue  # another crihook is writing it right now
-            tmp.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("cannot remove the leftover temp file %s: %s", tmp, _describe(exc))
-            continue
-        log.info("removed %s, left behind by an interrupted write", tmp)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, someone else's
-    return True

@@ -34,7 +34,8 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.proxy.cri.outcome import Metadata, Runtime, UnaryCall
+from crihook.proxy.cri.outcome import Metadata
+from crihook.proxy.cri.runtime import Runtime, UnaryCall
 from crihook.proxy.state.directory import STATE_FILE_MODE
 
 __all__ = ["UPDATE_PATH", "Unsettled", "UnsettledRuntime"]
@@ -208,6 +209,10 @@ class UnsettledRuntime:
     def __init__(self, runtime: Runtime, unsettled: Unsettled) -> None:
         self._runtime = runtime
         self._unsettled = unsettled
+
+    def control(self, path: str, image_service: bool = False) -> UnaryCall:
+        """Unchanged: the control path asks, it sends no update."""
+        return self._runtime.control(path, image_service)
 
     def call(self, path: str) -> UnaryCall:
         inner = self._runtime.call(path)

@@ -34,7 +34,7 @@ from crihook.proxy.errors import (
     HookTimeout,
     HookUnavailable,
 )
-from crihook.proxy.state.store import HookStateStore
+from crihook.proxy.state.hook_state import HookStateStore
 
 DEFAULT_PERMISSIONS = [
     "annotation",

@@ -13,8 +13,10 @@ from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView
 from crihook.hooks.spec.adjustment import REMOVE, Field, FieldKey
 from crihook.proxy.core.readback import Change, ReadBack, changes
-from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
-from crihook.proxy.state.store import ContainerRecord, Store
+from crihook.proxy.cri.outcome import Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed
+from crihook.proxy.state.records import ContainerRecord
+from crihook.proxy.state.store import Store
 
 SPEC: dict[str, Any] = {
     "process": {"env": ["PATH=/bin", "A=1", "A=2", "B=x"], "oomScoreAdj": 0},

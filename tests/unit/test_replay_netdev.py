@@ -15,11 +15,14 @@ from typing import Any
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.netdev.hook import NetdevHook
 from crihook.hooks.node import LinkInfo
+from crihook.hooks.spec import PodView, Reject
 from crihook.proxy.config import settings_from_toml
 from crihook.proxy.core import observe
 from crihook.proxy.core.observe import EFFECTS, ObservedNetlink
 from crihook.proxy.cri.outcome import Outcome
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.replay.cli import replay_command
 from crihook.proxy.replay.file import CallEntry, read_recording
 from crihook.proxy.replay.runner import replay
@@ -206,3 +209,31 @@ async def test_the_recorded_netlink_answers_and_notes_without_touching_a_kernel(
             "netlink.pod_link('/ns/b', 'net1')",
             "netlink.move_in('/ns/b', 7, 'net1')",
         ]
+
+
+async def test_a_recorded_runtime_error_is_raised_again_and_netdev_names_it(
+    tmp_path: Path,
+) -> None:
+    """A runtime query that failed in the recording fails again in the replay, as the
+    RuntimeCallFailed the wire raises, and keeps the recording's doc. Its text is
+    `CODE: details`: the reason netdev refuses the pod with (and kubelet and the recording
+    see) reads so since the control path translates grpc's errors at the wire; it was
+    grpc's multi-line AioRpcError text before."""
+    sandbox = "ab" * 32
+    error = {"type": "rpc", "code": "UNAVAILABLE", "message": "connection refused"}
+    node = RecordedNode(Store(tmp_path))
+    node.begin([{"seam": "runtime", "op": "sandbox_netns", "args": [sandbox], "error": error}])
+    with pytest.raises(RuntimeCallFailed) as caught:
+        await node.sandbox_netns(sandbox)
+    assert str(caught.value) == "UNAVAILABLE: connection refused"
+    assert observe.error_doc(caught.value) == error
+
+    node.begin([{"seam": "runtime", "op": "sandbox_netns", "args": [sandbox], "error": error}])
+    hook = NetdevHook(NETDEV)
+    hook._runtime = node  # as synchronize hands it over
+    with pytest.raises(Reject) as refused:
+        await hook._netns(PodView(id=sandbox, uid="u", name="net-app", namespace="net"))
+    assert str(refused.value) == (
+        "netdevs.crihook.io/pod: cannot ask the runtime for sandbox abababababab's network "
+        "namespace: UNAVAILABLE: connection refused"
+    )

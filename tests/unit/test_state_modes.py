@@ -14,7 +14,7 @@ import pytest
 
 from crihook.proxy.record.file import RecordFile
 from crihook.proxy.state.directory import secure_state_dir
-from crihook.proxy.state.store import JournalFile, write_atomic
+from crihook.proxy.state.journal import JournalFile, write_atomic
 
 
 def mode(path: Path) -> int:

@@ -17,25 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import grpc.aio
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerView, PodView, QoSClass, ResourcesView
 from crihook.hooks.spec.views import ContainerKind
+from crihook.proxy.app import journal_in_thread
 from crihook.proxy.config import RuntimeSettings
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.errors import CrihookError, StateWriteError
 from crihook.proxy.ops.state_cli import load_state, render_state
 from crihook.proxy.state import store as store_module
-from crihook.proxy.state.store import (
-    STORE_FILE,
-    WRITE_BEHIND_SECONDS,
-    ContainerRecord,
-    PodRecord,
-    Store,
-    write_atomic,
-)
+from crihook.proxy.state.journal import STALE_TEMP_SECONDS, TEMP_MARK, journal_files, write_atomic
+from crihook.proxy.state.reconcile import POD_UID_LABEL
+from crihook.proxy.state.records import ContainerRecord, PodRecord
+from crihook.proxy.state.store import STORE_FILE, WRITE_BEHIND_SECONDS, Store
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
+from crihook.proxy.wire.h2.runtime_client import Flusher, H2RuntimeClient
 from tests.lab.crihook_proc import short_tmpdir
 from tests.lab.fake_runtime import FakeRuntime, Reply
 from tests.lab.small_disk import SmallDisk, small_disk
@@ -432,7 +430,7 @@ def test_records_with_an_empty_id_are_refused(tmp_path: Path) -> None:
 
 
 def temp_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob(f"*{store_module.TEMP_MARK}*"))
+    return sorted(str(p.relative_to(root)) for p in root.rglob(f"*{TEMP_MARK}*"))
 
 
 def test_write_atomic_removes_its_temp_file_when_the_replace_fails(tmp_path: Path) -> None:
@@ -464,7 +462,7 @@ def test_load_removes_temp_files_left_by_a_crash_and_keeps_a_live_write(tmp_path
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     dead = _dead_pid()
-    old = time.time() - 2 * store_module.STALE_TEMP_SECONDS
+    old = time.time() - 2 * STALE_TEMP_SECONDS
     leftovers = [
         tmp_path / f".store.json.tmp-{dead}",  # the name of older crihook versions
         tmp_path / f".status.json.tmp-{dead}-0a1b2c3d",
@@ -810,7 +808,7 @@ def _sandbox(sandbox_id: str, uid: str, labelled: bool = True) -> api_pb2.PodSan
         id=sandbox_id,
         metadata=api_pb2.PodSandboxMetadata(name=f"pod-{uid}", namespace="shop", uid=uid),
         state=api_pb2.SANDBOX_NOTREADY,
-        labels={store_module.POD_UID_LABEL: uid} if labelled else {"app": "x"},
+        labels={POD_UID_LABEL: uid} if labelled else {"app": "x"},
         runtime_handler="runc",
     )
 
@@ -913,9 +911,7 @@ async def test_reconcile_pod_finds_the_sandbox_by_kubelet_s_label(
         assert [
             r.filter.label_selector
             for r in _requests(fake_runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest)
-        ] == [
-            {store_module.POD_UID_LABEL: "uid-a"}
-        ]  # found by the label: the whole list was never asked for
+        ] == [{POD_UID_LABEL: "uid-a"}]  # found by the label: the whole list was never asked for
         assert [
             r.filter.pod_sandbox_id
             for r in _requests(fake_runtime, "ListContainers", api_pb2.ListContainersRequest)
@@ -944,7 +940,7 @@ async def test_reconcile_pod_falls_back_to_the_metadata_uid(
             dict(r.filter.label_selector)
             for r in _requests(fake_runtime, "ListPodSandbox", api_pb2.ListPodSandboxRequest)
         ]
-        assert selectors == [{store_module.POD_UID_LABEL: "uid-b"}, {}]
+        assert selectors == [{POD_UID_LABEL: "uid-b"}, {}]
         assert sorted(store.pods) == ["sb-b"]  # not the other pods the full list carried
     finally:
         await store.close()
@@ -980,6 +976,26 @@ async def test_reconcile_pod_of_a_pod_the_runtime_does_not_have_adds_nothing(
     await store.close()
 
 
+async def test_on_the_h2_data_path_the_reconcile_still_asks_over_grpc_aio(
+    tmp_path: Path, fake_runtime: FakeRuntime
+) -> None:
+    """The control path is RuntimeClient.control, which the h2 client inherits as it is:
+    crihook's own questions stay on grpc.aio's channels whichever data path serves kubelet."""
+    assert "control" not in vars(H2RuntimeClient)
+    client = H2RuntimeClient(RuntimeSettings(endpoint=fake_runtime.endpoint), Flusher())
+    store = loaded(tmp_path)
+    try:
+        assert await store.reconcile(client) == (0, 0, 0)
+        calls = fake_runtime.calls("ListPodSandbox") + fake_runtime.calls("ListContainers")
+        assert len(calls) == 2
+        agents = {value for call in calls for key, value in call.metadata if key == "user-agent"}
+        assert len(agents) == 1 and agents.pop().startswith("grpc-python-asyncio/")
+        assert client.runtime_pool.ready() is None  # no HTTP/2 connection of its own
+    finally:
+        await store.close()
+        await client.close()
+
+
 async def test_reconcile_pod_raises_when_the_runtime_fails(
     tmp_path: Path, fake_runtime: FakeRuntime, runtime_client: RuntimeClient
 ) -> None:
@@ -987,9 +1003,9 @@ async def test_reconcile_pod_raises_when_the_runtime_fails(
         code=grpc.StatusCode.UNAVAILABLE, details="restarting"
     )
     store = loaded(tmp_path)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
+    with pytest.raises(RuntimeCallFailed) as info:
         await store.reconcile_pod(runtime_client, "uid-a")
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.status.code == grpc.StatusCode.UNAVAILABLE
     assert store.pods == {}
     await store.close()
 
@@ -1043,7 +1059,7 @@ async def test_what_was_written_ahead_survives_a_crash_before_the_checkpoint(
     assert journal(tmp_path) == ["journal-2.jsonl"]
     crash(store)  # the state file is a checkpoint behind
     assert json.loads((tmp_path / "hooks" / "pin.json").read_text()) == {"old": 1}
-    assert store_module.journal_files(tmp_path / "hooks")[0][0] == 2
+    assert journal_files(tmp_path / "hooks")[0][0] == 2
     again = loaded(tmp_path)
     assert again.hook_states() == {"pin": {"old": None}, "other": {"x": {"a": 1}}}
     assert load_state(tmp_path)["hook_states"] == again.hook_states()  # `crihook state`
@@ -1153,6 +1169,14 @@ def test_a_short_write_on_a_full_disk_leaves_no_torn_line(disk: SmallDisk) -> No
         assert path.read_bytes() == b'{"pin":{"set":{"a":1}}}\nz\n'
     finally:
         journal_file.close()
+
+
+def test_the_app_keeps_journal_lines_on_the_loop_on_a_local_file_system(
+    disk: SmallDisk,
+) -> None:
+    # The mount table is read by the app (proxy/state touches no /proc); a tmpfs cannot block.
+    assert journal_in_thread(disk.path) is False
+    assert Store(disk.path, journal_in_thread(disk.path)).journal_in_thread is False
 
 
 async def test_a_state_dir_that_can_block_gets_its_lines_from_a_thread_in_order(

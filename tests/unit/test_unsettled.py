@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.proxy.cri.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
+from crihook.proxy.cri.outcome import Metadata, Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed, UnaryCall
 from crihook.proxy.state.unsettled import UPDATE_PATH, Unsettled, UnsettledRuntime
 from tests.lab.small_disk import SmallDisk, small_disk
 

@@ -18,7 +18,8 @@ import pytest
 from crihook.hooks.spec import ContainerUpdate, ResourceDelta
 from crihook.proxy.chain.merge import PendingUpdate
 from crihook.proxy.core.updates import ContainerUpdater
-from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.state.store import Store
 from tests.unit.test_store import container, pod
 

@@ -27,8 +27,9 @@ from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.core import updates as updates_module
 from crihook.proxy.core.pipeline import Pipeline
-from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Status
 from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import burstable_pod, container_config, sandbox_config
 from tests.unit.test_store import container, pod

@@ -1,5 +1,9 @@
 """The only code that talks to the runtime: channels, raw multicallables, start-up probing.
 
+`call` (the data path) and `control` (the control path) are `cri.runtime.Runtime`: grpc's
+errors are translated here into RuntimeCallFailed. The raw multicallables (`unary`,
+`unary_stream`, `stream_stream`) serve the pass-through only.
+
 Calls are forwarded as bytes (identity serializers). The channel reconnects on its own with a
 short backoff, so after a containerd restart the next call finds it again; crihook never
 retries a call itself (a mutating CRI call must not be repeated blindly).
@@ -16,13 +20,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.cri.methods import method_path
-from crihook.proxy.cri.outcome import (
-    Metadata,
-    RuntimeCallFailed,
-    Status,
-    UnaryCall,
-    clean_metadata,
-)
+from crihook.proxy.cri.outcome import Metadata, Status, clean_metadata
+from crihook.proxy.cri.runtime import RuntimeCallFailed, UnaryCall
 from crihook.proxy.errors import RuntimeUnavailable
 
 __all__ = ["CHANNEL_OPTIONS", "RuntimeClient", "status_of"]
@@ -64,20 +63,16 @@ class RuntimeClient:
         return self._channel(image_service).unary_unary(path, _registered_method=True)
 
     def call(self, path: str) -> UnaryCall:
-        """A unary runtime call for the pipeline core (`outcome.Runtime`): the runtime's
+        """A unary runtime call for the pipeline core (`cri.runtime.Runtime`): the runtime's
         error status comes as RuntimeCallFailed, not as a grpc exception."""
-        multicallable = self.unary(path)
+        return _translated(self.unary(path))
 
-        async def call(
-            request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
-        ) -> bytes:
-            try:
-                answer: bytes = await multicallable(request, timeout=timeout, metadata=metadata)
-            except grpc.aio.AioRpcError as err:
-                raise RuntimeCallFailed(status_of(err)) from err
-            return answer
-
-        return call
+    def control(self, path: str, image_service: bool = False) -> UnaryCall:
+        """A unary call on the control path (reconcile, the hooks' runtime queries,
+        readiness, `crihook check`), errors as RuntimeCallFailed as `call`'s. Defined here
+        only: on the h2 data path too, crihook's own questions go over grpc.aio's channels,
+        whatever serves kubelet's calls."""
+        return _translated(self.unary(path, image_service))
 
     def unary_stream(
         self, path: str, image_service: bool = False
@@ -122,6 +117,21 @@ class RuntimeClient:
         await self._runtime.close(grace)
         if self._image is not self._runtime:
             await self._image.close(grace)
+
+
+def _translated(multicallable: grpc.aio.UnaryUnaryMultiCallable) -> UnaryCall:
+    """`multicallable` with grpc's error translated at this edge into RuntimeCallFailed."""
+
+    async def call(
+        request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
+    ) -> bytes:
+        try:
+            answer: bytes = await multicallable(request, timeout=timeout, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise RuntimeCallFailed(status_of(err)) from err
+        return answer
+
+    return call
 
 
 def status_of(err: grpc.aio.AioRpcError) -> Status:

@@ -14,8 +14,9 @@ or the runtime refused it with RST_STREAM REFUSED_STREAM. Safe for every method,
 too, since the runtime saw nothing of it. A stream lost any other way (the connection closed,
 a reset, a deadline) fails as it would through grpc.
 
-The control path (start-up probe, reconcile, synchronize) keeps grpc.aio (RuntimeClient):
-it runs seldom and costs nothing on a call.
+The control path (start-up probe, reconcile, synchronize, the hooks' runtime queries) keeps
+grpc.aio: `control` is RuntimeClient's, inherited and not overridden here. It runs seldom
+and costs nothing on a call.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from crihook.api.h2.grpc_wire import (
     status_from_header,
 )
 from crihook.proxy.config import RuntimeSettings
-from crihook.proxy.cri.outcome import Metadata, RuntimeCallFailed, Status, UnaryCall
+from crihook.proxy.cri.outcome import Metadata, Status
+from crihook.proxy.cri.runtime import RuntimeCallFailed, UnaryCall
 from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 __all__ = [

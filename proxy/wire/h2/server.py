@@ -66,8 +66,9 @@ from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.cri import handler
 from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH, method_label
 from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
-from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
+from crihook.proxy.cri.outcome import Status
 from crihook.proxy.cri.readiness import Readiness
+from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.wire.grpc.passthrough import Observer, PassthroughRecord
 from crihook.proxy.wire.h2.runtime_client import (
     RELAY_WINDOW,

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.proxy.state.crio_status import (
+from crihook.proxy.state.runtime_status import (
     container_config_from_crio,
     crio_config,
     sandbox_config_from_crio,

@@ -1,4 +1,6 @@
-"""What CRI-O's verbose status says about the config a pod or container was created with.
+"""What a runtime's verbose status says about the config a pod or container was created with.
+
+`verbose_config` takes it from either runtime's, for reconcile (proxy/state/reconcile.py).
 
 containerd's verbose status repeats the CRI config (``info["info"]["config"]``); CRI-O's does
 not. CRI-O's carries the OCI spec it made (``info["info"]["runtimeSpec"]``), and CRI-O writes
@@ -17,6 +19,7 @@ the cgroup parent, resources), or return None when ``info`` is not CRI-O's. Pure
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +32,10 @@ __all__ = [
     "crio_config",
     "runtime_spec",
     "sandbox_config_from_crio",
+    "verbose_config",
 ]
+
+log = logging.getLogger(__name__)
 
 _PREFIX = "io.kubernetes.cri-o."
 
@@ -129,3 +135,20 @@ def _json(text: str | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def verbose_config(info: Any, message: Any) -> Any | None:
+    """containerd's verbose status carries the original config as JSON under info["info"];
+    CRI-O's carries only its OCI spec, from which crio_config rebuilds the config."""
+    try:
+        doc = json.loads(info.get("info", "{}")).get("config")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(doc, dict):
+        return crio_config(info, message)
+    doc.pop("envs", None)  # Go marshals env values as text, protobuf JSON expects base64
+    try:
+        return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        log.debug("cannot parse verbose config: %s", exc)
+        return None
