@@ -220,14 +220,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("crihook.proxy.wire.grpc.server", "crihook.proxy.ops.metrics"),
     ("crihook.proxy.wire.h2.server", "crihook.proxy.core.pipeline"),
     ("crihook.proxy.wire.h2.server", "crihook.proxy.ops.metrics"),
-    # Built-in hooks by name (step 3): their reports move behind the registry.
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.devices.pools"),
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.numa"),
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.numa.saved"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.devices.policy"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.koordinator.options"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.numa.hook"),
-    ("crihook.proxy.record.recorder", "crihook.hooks.devices.policy"),
     # The control path on the concrete gRPC client (step 5): a Runtime protocol instead.
     ("crihook.proxy.core.sync", "crihook.proxy.wire.grpc.runtime_client"),
     ("crihook.proxy.state.store", "crihook.proxy.wire.grpc.runtime_client"),
