@@ -8,9 +8,12 @@ Checked on the source, every import statement included (TYPE_CHECKING blocks too
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from crihook.hooks.builtin import BUILTIN_HOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where each installed package's source lives (pyproject.toml's package-dir).
@@ -281,6 +284,57 @@ def test_the_proxy_imports_no_built_in_hook(module: str) -> None:
     so a node without that hook never loads its code, and a new hook needs no proxy change."""
     wrong = {(module, i) for i in _imports(MODULES[module], module) if _package(i)}
     assert wrong - KNOWN_VIOLATIONS == set()
+
+
+# The registry's names: a proxy module that compared a hook's name with one of these (or
+# walked a list of them) would pick a built-in out by name, past the registry.
+BUILTIN_NAMES = frozenset(BUILTIN_HOOKS)
+
+
+def _names_picked(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each built-in hook name written as a string literal in a comparison
+    (`== "devices"`, `in ("numa", ...)`) or in a literal collection that is iterated
+    (`for h in ("cpuset", "koordinator")`)."""
+
+    def literals(node: ast.expr) -> Iterator[ast.Constant]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            for element in node.elts:
+                yield from literals(element)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            sides = [node.iter]
+        else:
+            continue
+        found += [
+            (c.lineno, c.value) for s in sides for c in literals(s) if c.value in BUILTIN_NAMES
+        ]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("module", PROXY_MODULES)
+def test_the_proxy_picks_no_built_in_hook_by_name(module: str) -> None:
+    """What a built-in hook tells of itself (node.json, `state --cpus`, a recording's header,
+    `crihook check`) comes through the registry's readers and flags, not `== "devices"`."""
+    assert _names_picked(MODULES[module].read_text()) == []
+
+
+def test_the_name_check_catches_a_hook_picked_by_name() -> None:
+    source = (
+        'if hook.base_name == "devices": pass\n'
+        'ok = name in ("numa", "other")\n'
+        'first = next(h for h in ("cpuset", "koordinator") if h in hooks)\n'
+        'for h in ["oom"]: pass\n'
+        'fine = doc["devices"] == 1 or name == "netdevx" or hooks.get(builtin.name)\n'
+    )
+    assert _names_picked(source) == [
+        (1, "devices"), (2, "numa"), (3, "cpuset"), (3, "koordinator"), (4, "oom"),
+    ]  # fmt: skip
 
 
 def test_the_wing_check_catches_core_importing_a_transport(tmp_path: Path) -> None:
