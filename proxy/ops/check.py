@@ -35,6 +35,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.node import cgroup_version
 from crihook.hooks.node.staging import propagation_of
 from crihook.hooks.remote.client import check_socket
@@ -200,11 +201,16 @@ def _hook_findings(settings: Settings) -> list[Finding]:
     return found
 
 
+def _uses_staging(hook: HookSettings) -> bool:
+    builtin = BUILTIN_HOOKS.get(hook.base_name)
+    return builtin is not None and builtin.uses_staging
+
+
 def staging_findings(settings: Settings, mountinfo: str) -> list[Finding]:
     """Where the devices hook pins host paths: the mounts it makes there must reach the
     runtime's mount namespace (a shared mount; in a DaemonSet, a Bidirectional hostPath), and
     only root may write there."""
-    if not any(h.base_name == "devices" and h.enabled for h in settings.chain.hooks):
+    if not any(_uses_staging(h) and h.enabled for h in settings.chain.hooks):
         return []
     topic = "staging"
     directory = str(settings.node.staging_dir)

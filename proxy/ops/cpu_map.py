@@ -2,10 +2,11 @@
 state dir (so it works while crihook runs and after it stopped, as `crihook state` does).
 
 The node comes from `node.json` (`proxy.ops.node_doc`: the topology and what the resource hooks
-place with); who holds what from the hooks' own state, read back by the hooks' own code: the
-CPU ledger's `CpuPool` gives the shared pool and the exclusive holders exactly as the running
-hook computes them, `MemoryState` the memory per NUMA node, the devices hook's allocations the
-pooled devices. The store names the pods and containers.
+place with); who holds what from the hooks' own state, read back by the hooks' own code (each
+built-in's `holdings` reader in the registry, `crihook.hooks.builtin`): the CPU ledger's
+`CpuPool` gives the shared pool and the exclusive holders exactly as the running hook computes
+them, `MemoryState` the memory per NUMA node, the devices hook's allocations the pooled
+devices. The store names the pods and containers.
 
 `build_map` is pure (tests feed it documents); `load_map` reads a state dir; `CpuMap.to_json`
 is `--json`. The picture is drawn by `proxy.ops.cpu_map_text`.
@@ -15,18 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from crihook.hooks.node import Topology, TopologyError, format_cpu_list, parse_cpu_list
-from crihook.hooks.spec.hook import DictState
+from crihook.hooks.builtin import BUILTIN_ORDER
+from crihook.hooks.node import Topology, TopologyError, format_cpu_list
+from crihook.hooks.report import Holdings, MemoryBlock, NodeMemory
 from crihook.proxy.ops.node_doc import NODE_FILE
 from crihook.proxy.ops.state_cli import liveness, load_state
-
-if TYPE_CHECKING:
-    from crihook.hooks.numa.saved import SavedNuma
 
 __all__ = [
     "GLYPHS",
@@ -35,8 +34,6 @@ __all__ = [
     "DeviceEntry",
     "Holding",
     "MapError",
-    "MemoryBlock",
-    "NodeMemory",
     "build_map",
     "cores_of",
     "load_map",
@@ -52,15 +49,6 @@ _LIVE = ("created", "running")
 
 class MapError(Exception):
     """The state dir cannot be drawn (no topology anywhere); the message says why."""
-
-
-@dataclass(frozen=True)
-class MemoryBlock:
-    """Memory the numa hook placed for a container: `size` bytes of `resource` on `numa`."""
-
-    numa: tuple[int, ...]
-    resource: str
-    size: int
 
 
 @dataclass(frozen=True)
@@ -101,17 +89,6 @@ class Holding:
             ],
             "devices": {pool: list(ids) for pool, ids in self.devices.items()},
         }
-
-
-@dataclass(frozen=True)
-class NodeMemory:
-    """One kind of memory on one NUMA node, as kubelet's memory manager counts it."""
-
-    node: int
-    resource: str
-    allocatable: int
-    assigned: int
-    free: int
 
 
 @dataclass(frozen=True)
@@ -268,23 +245,6 @@ def load_map(state_dir: Path, sysfs_root: Path = Path("/sys")) -> CpuMap:
     return build_map(state, node, fallback)
 
 
-@dataclass
-class _Draft:
-    """A holding being put together from the hooks' states."""
-
-    pod_id: str
-    name: str
-    container_id: str = ""
-    pending: bool = False
-    cpus: frozenset[int] = frozenset()
-    memory: list[MemoryBlock] = field(default_factory=list)
-    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-_DraftOf = Callable[[str, str], _Draft]
-"""The draft of (sandbox id, container name), made on first use."""
-
-
 def build_map(
     state: Mapping[str, Any], node: Mapping[str, Any] | None, fallback: Topology | None = None
 ) -> CpuMap:
@@ -305,25 +265,14 @@ def build_map(
         )
     else:
         raise MapError(f"no {NODE_FILE} and no topology to draw on")
-    hooks: Mapping[str, Any] = state.get("hook_states") or {}
-    drafts: dict[tuple[str, str], _Draft] = {}
-
-    def draft(pod_id: str, name: str) -> _Draft:
-        key = (pod_id, name)
-        if key not in drafts:
-            drafts[key] = _Draft(pod_id, name)
-        return drafts[key]
-
-    cpu_hook, reserved, strict, shared, bubbles = _cpus(node, hooks, topo, draft, notes)
-    _memory_holdings(hooks.get("numa"), draft)
-    memory = _node_memory(node, hooks.get("numa"), topo, notes)
-    _device_holdings(hooks.get("devices"), draft, notes)
+    held = _holdings(state.get("hook_states") or {}, node, topo, notes)
+    ledger = held.ledger  # None: no CPU ledger, every online CPU is shared
 
     pods: Mapping[str, Any] = state.get("pods") or {}
     containers: Mapping[str, Any] = state.get("containers") or {}
     by_name = {(c["view"]["pod_id"], c["view"]["name"]): cid for cid, c in containers.items()}
     ordered = sorted(
-        drafts.values(),
+        held.drafts.values(),
         key=lambda d: (min(d.cpus) if d.cpus else math.inf, d.pod_id, d.name),
     )
     holdings: list[Holding] = []
@@ -364,7 +313,7 @@ def build_map(
         for cid, c in containers.items()
         if c.get("state") in _LIVE
         and cid not in exclusive_ids
-        and c["view"]["pod_id"] not in bubbles
+        and (ledger is None or c["view"]["pod_id"] not in ledger.bubbles)
     )
     status = state.get("status")
     process = state.get("process")  # the state dir's lock holder: it decides when known
@@ -387,14 +336,14 @@ def build_map(
         running=running,
         status_line=line,
         version=(status or {}).get("version") or (node or {}).get("crihook"),
-        cpu_hook=cpu_hook,
-        reserved=reserved,
-        strict_reservation=strict,
-        shared=shared,
+        cpu_hook=ledger.hook if ledger else None,
+        reserved=ledger.reserved if ledger else frozenset(),
+        strict_reservation=ledger.strict if ledger else False,
+        shared=ledger.shared if ledger else topo.online,
         holdings=tuple(holdings),
         owners=owners,
         shared_containers=shared_containers,
-        memory=memory,
+        memory=held.memory,
         devices=devices,
         notes=tuple(notes),
     )
@@ -413,132 +362,25 @@ def _device_holder(holdings: list[Holding], pool: str, device: str) -> Holding |
     return None
 
 
-def _cpus(
-    node: Mapping[str, Any] | None,
-    hooks: Mapping[str, Any],
-    topo: Topology,
-    draft: _DraftOf,
-    notes: list[str],
-) -> tuple[str | None, frozenset[int], bool, frozenset[int], set[str]]:
-    """The CPU ledger's hook, reserved CPUs, strictness, shared pool and the pods with CPUs
-    of their own; each holder drafted."""
-    from crihook.hooks.cpus.pool import CpuPool
-
-    if node is not None:
+def _holdings(
+    hooks: Mapping[str, Any], node: Mapping[str, Any] | None, topo: Topology, notes: list[str]
+) -> Holdings:
+    """What the hooks' states hold, read by each built-in's own reader (the registry's
+    `holdings`) at its default position: the CPU ledger first, then memory, then devices.
+    A hook is read when it has state, or node.json names it (the ledger's or the memory's
+    hook)."""
+    if node is not None:  # node.json names the CPU ledger's hook, or says why there is none
         config = node.get("cpus")
         if config is None:
             notes.append("no CPU ledger: the cpuset hook is not in the chain")
-            return None, frozenset(), False, topo.online, set()
-        if "error" in config:
+        elif "error" in config:
             notes.append(f"the {config.get('hook')} hook cannot start: {config['error']}")
-            return None, frozenset(), False, topo.online, set()
-        hook = str(config["hook"])
-        reserved = parse_cpu_list(str(config.get("reserved", "")))
-        strict = bool(config.get("strict_reservation", False))
-    else:
-        hook = next((h for h in ("cpuset", "koordinator") if h in hooks), "")
-        if not hook:
-            return None, frozenset(), False, topo.online, set()
-        reserved, strict = frozenset(), False
-    pool = CpuPool(topo, reserved, DictState(hooks.get(hook) or {}), strict_reservation=strict)
-    dropped = pool.load()
-    if dropped:
-        notes.append(f"unreadable {hook} state entries left out: {', '.join(sorted(dropped))}")
-    for cid, holder in pool.containers.items():
-        if holder.cpus and not holder.stopped:
-            d = draft(holder.pod, holder.name)
-            d.container_id, d.cpus = cid, holder.cpus
-    for holder in pool.pending.values():
-        if holder.cpus:
-            d = draft(holder.pod, holder.name)
-            d.pending, d.cpus = True, holder.cpus
-    bubbles = set()
-    for key, bubble in pool.bubbles.items():
-        pod_id = key.removeprefix("uid:") if bubble.pending else key
-        draft(pod_id, "").cpus = bubble.cpus
-        bubbles.add(pod_id)
-    return hook, reserved, strict, pool.shared_pool(), bubbles
-
-
-def _memory_holdings(numa: Mapping[str, Any] | None, draft: _DraftOf) -> None:
-    if not numa:
-        return
-    try:
-        saved = _numa_saved(numa)
-    except ValueError:
-        return  # said by _node_memory's note
-    entries = (saved.memory or {}).get("entries") or {}
-    owners = {(ref[0], ref[1]): cid for cid, ref in saved.owners.items()}
-    pending = {tuple(p["ref"]) for p in saved.pending.values()}
-    for pod_id, names in entries.items():
-        for name, blocks in names.items():
-            d = draft(pod_id, name)
-            d.memory = [
-                MemoryBlock(tuple(b["numaAffinity"]), str(b["type"]), int(b["size"]))
-                for b in blocks
-            ]
-            cid = owners.get((pod_id, name))
-            if cid:
-                d.container_id = d.container_id or cid
-            elif (pod_id, name) in pending:
-                d.pending = True
-
-
-def _numa_saved(numa: Mapping[str, Any]) -> SavedNuma:
-    """The numa hook's state, whichever layout it was written in (ValueError: unreadable)."""
-    from crihook.hooks.numa.saved import read_saved
-
-    return read_saved(numa.items())
-
-
-def _node_memory(
-    node: Mapping[str, Any] | None,
-    numa: Mapping[str, Any] | None,
-    topo: Topology,
-    notes: list[str],
-) -> tuple[NodeMemory, ...]:
-    """Per NUMA node and kind: kubelet's memory manager table, rebuilt by the numa hook's
-    own code from its saved blocks."""
-    from crihook.hooks.numa import MemoryState
-
-    config = (node or {}).get("memory")
-    if not config or "error" in config or not topo.memory:
-        return ()
-    reserved = {
-        int(n): {str(r): int(v) for r, v in table.items()}
-        for n, table in config["reserved"].items()
-    }
-    try:
-        saved = _numa_saved(numa).memory if numa else None
-        memory = (
-            MemoryState.from_dict(topo, reserved, saved)
-            if saved
-            else MemoryState.build(topo, reserved)
-        )
-    except ValueError as exc:
-        notes.append(f"the numa hook's memory state cannot be read: {exc}")
-        return ()
-    return tuple(
-        NodeMemory(n, resource, t.allocatable, t.reserved, t.free)
-        for n, state in memory.nodes.items()
-        for resource, t in sorted(state.memory.items())
-    )
-
-
-def _device_holdings(devices: Mapping[str, Any] | None, draft: _DraftOf, notes: list[str]) -> None:
-    from crihook.hooks.devices.pools import Allocation
-
-    for key, doc in (devices or {}).items():
-        if not key.startswith("a:"):
+    named = {part.get("hook") for part in (node or {}).values() if isinstance(part, Mapping)}
+    held = Holdings(topo, notes)
+    for builtin in BUILTIN_ORDER:
+        if builtin.name not in hooks and builtin.name not in named:
             continue
-        try:
-            allocation = Allocation.from_dict(doc)
-        except (KeyError, TypeError, ValueError):
-            notes.append(f"unreadable devices state entry left out: {key}")
-            continue
-        d = draft(allocation.pod, allocation.name)
-        d.devices = dict(allocation.devices)
-        if allocation.pending:
-            d.pending = True
-        elif allocation.containers:
-            d.container_id = d.container_id or allocation.containers[-1]
+        reader = builtin.holdings_reader()
+        if reader is not None:
+            reader(builtin.name, hooks.get(builtin.name), node, held)
+    return held

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
 
 from crihook.hooks.node import Topology, format_cpu_list
+from crihook.hooks.report import MemoryBlock
 from crihook.proxy.ops.cpu_map import (
     MORE,
     CpuMap,
     Holding,
-    MemoryBlock,
     cores_of,
     numa_nodes_of_socket,
     socket_cpus,

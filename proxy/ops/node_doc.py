@@ -3,7 +3,8 @@
 
 Written once at start, after the hooks are built: the CPU and NUMA topology read from
 `--sysfs-root`, and what the built-in resource hooks place with, worked out from their
-settings by their own functions (so it is what they use):
+settings by their own functions (so it is what they use; each built-in's `node_doc` reader in
+the registry, `crihook.hooks.builtin`, asked at its default position):
 
     {"format": 1, "crihook": "0.1.0", "written_at": 1796...,
      "topology": {...},                       # Topology.to_dict()
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from crihook import __version__
-from crihook.hooks.node import Topology, TopologyError, format_cpu_list
-from crihook.proxy.config import HookSettings, Settings
+from crihook.hooks.builtin import BUILTIN_ORDER
+from crihook.hooks.node import Topology, TopologyError
+from crihook.proxy.config import Settings
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.state.journal import write_atomic
 
@@ -50,82 +52,28 @@ def node_doc(settings: Settings, topology: Topology, now: float | None = None) -
     """The document `write_node_doc` writes (plain JSON types)."""
     hooks = {h.base_name: h for h in settings.chain.hooks if h.module is None}
     policy = settings.node.topology_policy
-    return {
+    doc: dict[str, Any] = {
         "format": NODE_FORMAT,
         "crihook": __version__,
         "written_at": round(time.time() if now is None else now, 3),
         "topology": topology.to_dict(),
         "topology_policy": policy,
-        "cpus": _cpus(hooks, topology, policy),
-        "memory": _memory(hooks.get("numa"), topology),
-        "device_pools": _device_pools(hooks.get("devices")),
+        "cpus": None,
+        "memory": None,
+        "device_pools": [],
     }
+    parts: dict[str, Any] = {}
+    for builtin in BUILTIN_ORDER:  # the first hook to give a part keeps it
+        hook = hooks.get(builtin.name)
+        if hook is None or (part := builtin.node_doc_part()) is None:
+            continue
+        for key, value in part(builtin.name, hook.options, topology, policy).items():
+            if value is not None:
+                parts.setdefault(key, value)
+    return {**doc, **parts}
 
 
 def write_node_doc(state_dir: Path, doc: dict[str, Any]) -> None:
     """Replace node.json (durable: it is written once). OSError when it cannot be."""
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     write_atomic(state_dir / NODE_FILE, data)
-
-
-def _cpus(hooks: dict[str, HookSettings], topology: Topology, policy: str) -> dict[str, Any] | None:
-    # Imported here, as the hooks are: a node without them never loads their code.
-    from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_options
-
-    name, options = "cpuset", None
-    if "cpuset" in hooks:
-        options = dict(hooks["cpuset"].options)
-    elif "koordinator" in hooks:  # it runs the ledger itself when no cpuset hook does
-        from crihook.hooks.koordinator.options import cpuset_options
-        from crihook.hooks.koordinator.options import parse_options as koordinator_options
-
-        try:
-            koordinator = koordinator_options(hooks["koordinator"].options)
-        except ValueError as exc:
-            return {"hook": "koordinator", "error": str(exc)}
-        if koordinator.places_cpus:
-            name, options = "koordinator", cpuset_options(koordinator)
-    if options is None:
-        return None
-    try:
-        config: CpusetOptions = parse_options(options)
-        reserved = node_reserved_cpus(topology, config, policy)
-    except ValueError as exc:
-        return {"hook": name, "error": str(exc)}
-    return {
-        "hook": name,
-        "reserved": format_cpu_list(reserved),
-        "strict_reservation": config.strict_cpu_reservation,
-        "static": config.static,
-    }
-
-
-def _memory(hook: HookSettings | None, topology: Topology) -> dict[str, Any] | None:
-    if hook is None:
-        return None
-    from crihook.hooks.numa.hook import parse_reserved_memory
-
-    try:
-        reserved = parse_reserved_memory(hook.options.get("reserved_memory"), topology)
-    except ValueError as exc:
-        return {"hook": "numa", "error": str(exc)}
-    return {
-        "hook": "numa",
-        "reserved": {str(node): dict(table) for node, table in sorted(reserved.items())},
-    }
-
-
-def _device_pools(hook: HookSettings | None) -> list[dict[str, Any]]:
-    if hook is None:
-        return []
-    from crihook.hooks.devices.policy import parse_policy
-
-    try:
-        policy = parse_policy(hook.options)
-    except ValueError:
-        return []  # the hook refuses to load: crihook does not start
-    return [
-        {"pool": pool.name, "id": device.id, "numa": device.numa, "paths": list(device.paths)}
-        for pool in policy.pools.values()
-        for device in pool.devices
-    ]

@@ -36,6 +36,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, cast
 
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.node import HostFiles
 from crihook.proxy.config import RecordSettings, Settings
 from crihook.proxy.core.observe import ObservedFiles, begin, end
@@ -364,25 +365,19 @@ class Recorder:
 def device_pool_facts(
     settings: Settings, files: HostFiles
 ) -> tuple[list[dict[str, Any]], list[Observation]]:
-    """The built-in devices hook's pools (from its settings) and what the host's files say
-    of every path in them: node facts for a recording's header. ([], []) without it."""
-    from crihook.hooks.devices.policy import parse_policy  # only when the hook is configured
-
+    """The device pools of the built-in hooks that have them (from their settings, through
+    the registry's `facts` readers, in chain order) and what the host's files say of every
+    path in them: node facts for a recording's header. ([], []) without such a hook."""
     pools: list[dict[str, Any]] = []
     observed, token = begin()
     try:
         for hook in settings.chain.hooks:
-            if hook.base_name != "devices" or hook.module is not None:
+            builtin = BUILTIN_HOOKS.get(hook.base_name)
+            if builtin is None or hook.module is not None:
                 continue
-            policy = parse_policy(hook.options)
-            seen = ObservedFiles(files)
-            for pool in policy.pools.values():
-                for device in pool.devices:
-                    entry = {"pool": pool.name, "id": device.id, "numa": device.numa}
-                    pools.append({**entry, "paths": list(device.paths)})
-                    for path in device.paths:
-                        with contextlib.suppress(OSError):
-                            seen.device(seen.resolve(path))
+            facts = builtin.header_facts()  # imported only when the hook is configured
+            if facts is not None:
+                pools.extend(facts(hook.options, ObservedFiles(files)))
     finally:
         end(token)
     return pools, observed

@@ -8,9 +8,12 @@ Checked on the source, every import statement included (TYPE_CHECKING blocks too
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from crihook.hooks.builtin import BUILTIN_HOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where each installed package's source lives (pyproject.toml's package-dir).
@@ -203,18 +206,6 @@ LEAVES = {
         "base", "cri", "crihook.proxy.record.redact", "crihook.proxy.record.render",
     ),
 }  # fmt: skip
-# Imports the layout does not allow yet, each fixed by a later step of issue 29. Exact: an
-# entry that no longer occurs fails too, so each fix deletes its line.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    # Built-in hooks by name (step 3): their reports move behind the registry.
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.devices.pools"),
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.numa"),
-    ("crihook.proxy.ops.cpu_map", "crihook.hooks.numa.saved"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.devices.policy"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.koordinator.options"),
-    ("crihook.proxy.ops.node_doc", "crihook.hooks.numa.hook"),
-    ("crihook.proxy.record.recorder", "crihook.hooks.devices.policy"),
-}
 
 
 def _wing(module: str) -> str | None:
@@ -254,16 +245,10 @@ def test_every_proxy_module_is_in_a_wing() -> None:
 
 @pytest.mark.parametrize("module", PROXY_MODULES)
 def test_proxy_wings_point_one_way(module: str) -> None:
-    wrong = _proxy_breaches(module) - KNOWN_VIOLATIONS
+    wrong = _proxy_breaches(module)
     wing = _wing(module)
     allowed = LEAVES.get(module, WING_RULES.get(wing or "", ()))
     assert wrong == set(), f"{module} ({wing}) may import only {allowed}: {sorted(wrong)}"
-
-
-def test_known_violations_are_still_real() -> None:
-    found = set().union(*(_proxy_breaches(m) for m in PROXY_MODULES))
-    found |= {(m, i) for m in PROXY_MODULES for i in _imports(MODULES[m], m) if _package(i)}
-    assert KNOWN_VIOLATIONS - found == set(), "fixed: delete these from KNOWN_VIOLATIONS"
 
 
 @pytest.mark.parametrize("module", PROXY_MODULES)
@@ -271,7 +256,58 @@ def test_the_proxy_imports_no_built_in_hook(module: str) -> None:
     """The proxy reaches a built-in hook only through the registry (crihook.hooks.builtin),
     so a node without that hook never loads its code, and a new hook needs no proxy change."""
     wrong = {(module, i) for i in _imports(MODULES[module], module) if _package(i)}
-    assert wrong - KNOWN_VIOLATIONS == set()
+    assert wrong == set()
+
+
+# The registry's names: a proxy module that compared a hook's name with one of these (or
+# walked a list of them) would pick a built-in out by name, past the registry.
+BUILTIN_NAMES = frozenset(BUILTIN_HOOKS)
+
+
+def _names_picked(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each built-in hook name written as a string literal in a comparison
+    (`== "devices"`, `in ("numa", ...)`) or in a literal collection that is iterated
+    (`for h in ("cpuset", "koordinator")`)."""
+
+    def literals(node: ast.expr) -> Iterator[ast.Constant]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            for element in node.elts:
+                yield from literals(element)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            sides = [node.iter]
+        else:
+            continue
+        found += [
+            (c.lineno, c.value) for s in sides for c in literals(s) if c.value in BUILTIN_NAMES
+        ]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("module", PROXY_MODULES)
+def test_the_proxy_picks_no_built_in_hook_by_name(module: str) -> None:
+    """What a built-in hook tells of itself (node.json, `state --cpus`, a recording's header,
+    `crihook check`) comes through the registry's readers and flags, not `== "devices"`."""
+    assert _names_picked(MODULES[module].read_text()) == []
+
+
+def test_the_name_check_catches_a_hook_picked_by_name() -> None:
+    source = (
+        'if hook.base_name == "devices": pass\n'
+        'ok = name in ("numa", "other")\n'
+        'first = next(h for h in ("cpuset", "koordinator") if h in hooks)\n'
+        'for h in ["oom"]: pass\n'
+        'fine = doc["devices"] == 1 or name == "netdevx" or hooks.get(builtin.name)\n'
+    )
+    assert _names_picked(source) == [
+        (1, "devices"), (2, "numa"), (3, "cpuset"), (3, "koordinator"), (4, "oom"),
+    ]  # fmt: skip
 
 
 def test_the_wing_check_catches_core_importing_a_transport(tmp_path: Path) -> None:
@@ -312,8 +348,6 @@ def test_logger_names_follow_module_paths_except_the_pinned_ones() -> None:
 # R-grpc: grpc's transport stays in wire/. Elsewhere the runtime is `cri.runtime.Runtime`,
 # its errors `RuntimeCallFailed`, and only `grpc.StatusCode` is used: it is the project's
 # status vocabulary (down to api/h2/grpc_wire). The top modules (app, cli, early) comply too.
-# Exact, as KNOWN_VIOLATIONS: a module listed must still use what is listed.
-GRPC_KNOWN: dict[str, set[str]] = {}
 
 
 def _grpc_uses(path: Path) -> set[str]:
@@ -351,7 +385,7 @@ OUTSIDE_WIRE = [m for m in PROXY_MODULES if not m.startswith("crihook.proxy.wire
 @pytest.mark.parametrize("module", OUTSIDE_WIRE)
 def test_grpc_transport_stays_in_wire(module: str) -> None:
     used = _grpc_uses(MODULES[module])
-    assert used == GRPC_KNOWN.get(module, set()), (
+    assert used == set(), (
         f"{module}: outside proxy/wire/ only grpc.StatusCode (cri.runtime for the runtime)"
     )
 
