@@ -44,7 +44,7 @@ from google.protobuf.message import DecodeError, Message  # type: ignore[import-
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
 from crihook.hooks.eager import BudgetExpired, first_step, resume
-from crihook.hooks.node import LinuxHost, Topology, TopologyError
+from crihook.hooks.node import LinuxHost, Topology, TopologyError, read_topology
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -153,7 +153,7 @@ class _Servicer:
             request.protocol_version,
             request.timeout_ms,
         )
-        version = getattr(self._hook, "version", "")
+        version = self._hook.version  # declared on Hook; a plugin may still set a non-str
         return hook_pb2.ConfigureResponse(
             subscriptions=subscriptions_to_proto(self._subscriptions),
             plugin_version=version if isinstance(version, str) else "",
@@ -183,7 +183,7 @@ class _Servicer:
         so a plugin that does not need it still runs."""
         if self._node is None:
             try:
-                self._node = Topology.from_sysfs(self._sysfs_root)
+                self._node = read_topology(self._sysfs_root)
             except TopologyError as exc:
                 log.warning("no node topology for synchronize: %s", exc)
                 self._node = Topology.build(())

@@ -46,6 +46,7 @@ from crihook.hooks.node import (
     Topology,
     TopologyError,
 )
+from crihook.hooks.node import read_topology as read_sysfs_topology
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy.chain.chain import Chain
@@ -584,7 +585,7 @@ def read_topology(settings: Settings) -> Topology:
     """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
     cannot be read (exit 2 at start)."""
     try:
-        return Topology.from_sysfs(settings.node.sysfs_root)
+        return read_sysfs_topology(settings.node.sysfs_root)
     except TopologyError as exc:
         raise ConfigError("--sysfs-root", str(exc)) from None
 
