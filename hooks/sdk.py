@@ -20,7 +20,7 @@ fails the call (the plugin logs it with its traceback). Calls on the Stream run 
 a hook that answers without waiting is answered at once, one that waits continues in its own
 task.
 
-The server is crihook.hooks.remote.h2server: gRPC spoken directly over HTTP/2, so that a
+The server is crihook.hooks.remote.sdk_server: gRPC spoken directly over HTTP/2, so that a
 call on the Stream costs the plugin a read and a write instead of two grpc.aio batches.
 """
 
@@ -54,7 +54,13 @@ from crihook.hooks.remote.convert import (
     subscriptions_to_proto,
     update_to_proto,
 )
-from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, RpcError, UnaryHandler
+from crihook.hooks.remote.sdk_server import (
+    BidiCall,
+    BidiHandler,
+    GrpcServer,
+    RpcError,
+    UnaryHandler,
+)
 from crihook.hooks.spec.adjustment import Adjustment
 from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage, stage_method_name
