@@ -46,8 +46,8 @@ from typing import Any
 
 from bench import payloads
 from bench.run import SCENARIOS, Scenario
+from crihook.hooks.node import read_topology
 from crihook.hooks.node.host import LinuxHost
-from crihook.hooks.node.topology import Topology
 from crihook.hooks.spec import ContainerState, Event, HookContext, Stage, SyncContext
 from crihook.proxy.chain.chain import Chain
 from crihook.proxy.chain.local_hooks import LocalHook, load_local_hook
@@ -157,7 +157,7 @@ async def build(
         hooks = [StandIn(h) for h in hooks]
     entries = [Chain.entry(h, s) for h, s in zip(hooks, settings.chain.hooks, strict=True)]
     chain.set_builtin(entries)
-    node = Topology.from_sysfs(settings.node.sysfs_root)
+    node = read_topology(settings.node.sysfs_root)
     for entry in entries:
         sync = SyncContext(
             state=store.hook_state(entry.base_name),

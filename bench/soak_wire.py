@@ -1,5 +1,5 @@
 """Bad input on the wire: malformed gRPC payloads and broken HTTP/2, on crihook's socket and on
-a plugin's (the SDK's server, hooks/remote/h2server.py, serving the annotate example plugin).
+a plugin's (the SDK's server, hooks/remote/sdk_server.py, serving the annotate example plugin).
 
 Two kinds of abuse, seeded:
 - malformed payloads: well-framed gRPC calls whose message is not the method's protobuf

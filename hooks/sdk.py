@@ -20,7 +20,7 @@ fails the call (the plugin logs it with its traceback). Calls on the Stream run 
 a hook that answers without waiting is answered at once, one that waits continues in its own
 task.
 
-The server is crihook.hooks.remote.h2server: gRPC spoken directly over HTTP/2, so that a
+The server is crihook.hooks.remote.sdk_server: gRPC spoken directly over HTTP/2, so that a
 call on the Stream costs the plugin a read and a write instead of two grpc.aio batches.
 """
 
@@ -44,7 +44,7 @@ from google.protobuf.message import DecodeError, Message  # type: ignore[import-
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
 from crihook.hooks.eager import BudgetExpired, first_step, resume
-from crihook.hooks.node import LinuxHost, Topology, TopologyError
+from crihook.hooks.node import LinuxHost, Topology, TopologyError, read_topology
 from crihook.hooks.remote.convert import (
     adjustment_to_proto,
     container_from_proto,
@@ -54,7 +54,13 @@ from crihook.hooks.remote.convert import (
     subscriptions_to_proto,
     update_to_proto,
 )
-from crihook.hooks.remote.h2server import BidiCall, BidiHandler, GrpcServer, RpcError, UnaryHandler
+from crihook.hooks.remote.sdk_server import (
+    BidiCall,
+    BidiHandler,
+    GrpcServer,
+    RpcError,
+    UnaryHandler,
+)
 from crihook.hooks.spec.adjustment import Adjustment
 from crihook.hooks.spec.errors import Forbidden, InvalidRequest, Reject
 from crihook.hooks.spec.events import PLUGIN_STAGES, Event, Stage, stage_method_name
@@ -153,7 +159,7 @@ class _Servicer:
             request.protocol_version,
             request.timeout_ms,
         )
-        version = getattr(self._hook, "version", "")
+        version = self._hook.version  # declared on Hook; a plugin may still set a non-str
         return hook_pb2.ConfigureResponse(
             subscriptions=subscriptions_to_proto(self._subscriptions),
             plugin_version=version if isinstance(version, str) else "",
@@ -183,7 +189,7 @@ class _Servicer:
         so a plugin that does not need it still runs."""
         if self._node is None:
             try:
-                self._node = Topology.from_sysfs(self._sysfs_root)
+                self._node = read_topology(self._sysfs_root)
             except TopologyError as exc:
                 log.warning("no node topology for synchronize: %s", exc)
                 self._node = Topology.build(())

@@ -4,7 +4,8 @@
 the subclass overrides (`_on_headers`, `_on_data`, `_on_reset`, `_on_goaway`, `_on_settled`,
 `_on_flushed`, `_on_protocol_error`), and writes what the connection has to send: once after
 each read (whatever the handlers sent on the way goes out in that one write), or at once when
-a send comes from elsewhere (a task answering a call).
+a send comes from elsewhere (a task answering a call). A subclass that writes several
+connections at once (the h2 data path's `Flusher`) overrides `flush`; `write_out` is the write.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = ["H2Protocol"]
 class H2Protocol(asyncio.Protocol):
     """One HTTP/2 connection on an asyncio transport. `auto_consume`: the window of a
     stream's data is given back as soon as the data is handed over (the handler keeps
-    what it needs; for relays that must not buffer, pass False and call `consumed`)."""
+    what it needs). A relay, which must hold at most one window per stream, passes False and
+    gives back each frame's `flow` (`self.h2.consumed`) once its bytes went out."""
 
     def __init__(self, connection: Connection, *, auto_consume: bool = True) -> None:
         self.h2 = connection
@@ -47,7 +49,8 @@ class H2Protocol(asyncio.Protocol):
     def _on_headers(self, stream_id: int, headers: list[Header], end_stream: bool) -> None:
         raise NotImplementedError
 
-    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool, flow: int) -> None:
+        """DATA from the peer. `flow`: the window the frame took (payload and padding)."""
         raise NotImplementedError
 
     def _on_reset(self, stream_id: int, error: int) -> None:
@@ -82,8 +85,11 @@ class H2Protocol(asyncio.Protocol):
     # --- sending ---------------------------------------------------------------------------
     def flush(self) -> None:
         """Write what the connection has to send (deferred while a read is handled)."""
-        if self._receiving:
-            return
+        if not self._receiving:
+            self.write_out()
+
+    def write_out(self) -> None:
+        """Write what the connection has to send, now."""
         data = self.h2.data_to_send()
         if data and self._transport is not None:
             self._transport.write(data)
@@ -113,7 +119,7 @@ class H2Protocol(asyncio.Protocol):
                 kind = type(event)
                 if kind is Data:
                     ev = cast(Data, event)
-                    self._on_data(ev.stream_id, ev.data, ev.end_stream)
+                    self._on_data(ev.stream_id, ev.data, ev.end_stream, ev.flow_length)
                     if self._auto_consume:
                         self.h2.consumed(ev.stream_id, ev.flow_length)
                 elif kind is Headers:

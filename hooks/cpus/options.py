@@ -31,6 +31,7 @@ from typing import Any
 
 from crihook.hooks.cpus.picker import CPUAllocationError, take_reserved
 from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.spec.options import reject_unknown
 
 __all__ = [
     "POLICY_OPTIONS",
@@ -99,9 +100,7 @@ class CpusetOptions:
 
 def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
     """ValueError naming the option and what is wrong with it."""
-    unknown = sorted(set(options) - _KEYS)
-    if unknown:
-        raise ValueError(f"cpuset: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("cpuset", options, _KEYS)
     reserved = options.get("reserved_cpus", 0)
     if isinstance(reserved, bool) or not isinstance(reserved, int | str):
         raise ValueError(f"cpuset: reserved_cpus must be a cpulist or a count, not {reserved!r}")

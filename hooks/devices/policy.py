@@ -49,6 +49,7 @@ from crihook.hooks.devices.annotations import (
 from crihook.hooks.devices.host import DeviceNode, HostFiles
 from crihook.hooks.node.globs import GlobSet, compile_path_glob
 from crihook.hooks.spec import Forbidden, InvalidRequest
+from crihook.hooks.spec.options import reject_unknown
 
 __all__ = [
     "DevicePolicy",
@@ -113,9 +114,7 @@ class DevicePolicy:
 
 def parse_policy(options: Mapping[str, Any]) -> DevicePolicy:
     """`[hooks.devices]` as a DevicePolicy; ValueError naming the option."""
-    unknown = sorted(set(options) - _KEYS)
-    if unknown:
-        raise ValueError(f"devices: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("devices", options, _KEYS)
     namespaces = _globs(options, "namespaces", GlobSet.of_names)
     devices = _globs(options, "devices", GlobSet.of_paths)
     mounts = _globs(options, "mounts", GlobSet.of_paths)

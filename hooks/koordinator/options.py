@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crihook.hooks.node import parse_cpu_list
+from crihook.hooks.spec.options import reject_unknown
 
 __all__ = ["KoordinatorOptions", "cpuset_options", "parse_options"]
 
@@ -43,9 +44,7 @@ class KoordinatorOptions:
 
 def parse_options(options: Mapping[str, Any]) -> KoordinatorOptions:
     """ValueError naming the option and what is wrong with it."""
-    unknown = sorted(set(options) - _KEYS)
-    if unknown:
-        raise ValueError(f"koordinator: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("koordinator", options, _KEYS)
     manager = options.get("cpu_manager", "none")
     if manager not in _MANAGERS:
         raise ValueError(f'koordinator: cpu_manager must be "none" or "cpuset", not {manager!r}')

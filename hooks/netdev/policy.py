@@ -20,6 +20,7 @@ from typing import Any
 from crihook.hooks.netdev.annotation import MAX_LINKS, NETDEVS, LinkAsk
 from crihook.hooks.node.globs import GlobSet
 from crihook.hooks.spec import Forbidden
+from crihook.hooks.spec.options import reject_unknown
 
 __all__ = ["NetdevPolicy", "check_links", "parse_policy"]
 
@@ -36,9 +37,7 @@ class NetdevPolicy:
 
 def parse_policy(options: Mapping[str, Any]) -> NetdevPolicy:
     """`[hooks.netdev]` as a NetdevPolicy; ValueError naming the option."""
-    unknown = sorted(set(options) - _KEYS)
-    if unknown:
-        raise ValueError(f"netdev: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("netdev", options, _KEYS)
     globs = {}
     for key in ("namespaces", "interfaces", "parents"):
         value = options.get(key, [])

@@ -4,7 +4,7 @@ pods' own cgroups behind the :class:`PodCgroups` seam, network interfaces behind
 :class:`Netlink` seam and checked host paths pinned for the runtime behind the
 :class:`Staging` seam.
 
-    from crihook.hooks.node import Topology, parse_cpu_list, format_cpu_list, LinuxHost
+    from crihook.hooks.node import read_topology, parse_cpu_list, format_cpu_list, LinuxHost
 """
 
 from crihook.hooks.node.cgroups import LinuxPodCgroups, PodCgroups, PodLimits
@@ -19,6 +19,7 @@ from crihook.hooks.node.host import (
 )
 from crihook.hooks.node.netlink import LinkInfo, Netlink, NetlinkSession, PyrouteNetlink
 from crihook.hooks.node.staging import DEFAULT_STAGING_ROOT, LinuxStaging, Staging
+from crihook.hooks.node.sysfs import read_topology
 from crihook.hooks.node.topology import CPUInfo, NUMAMemory, Topology, TopologyError
 
 __all__ = [
@@ -47,4 +48,5 @@ __all__ = [
     "format_cpu_list",
     "parse_cpu_list",
     "pod_cgroup_path",
+    "read_topology",
 ]

@@ -1,6 +1,6 @@
 """The node's CPU and memory topology: what the resource hooks place containers on.
 
-Built once at start from sysfs (`Topology.from_sysfs(root)`, root being the sysfs mount point)
+Built once at start from sysfs (`sysfs.read_topology(root)`, root being the sysfs mount point)
 and handed to hooks; never read again on the call path, so tests, benchmarks and replays can
 hand hooks the topology of a machine this one is not.
 
@@ -11,7 +11,6 @@ hardware threads, so core ids are unique on the machine (sysfs `core_id` repeats
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -71,18 +70,6 @@ class Topology:
             MappingProxyType({m.node: m for m in sorted(memory, key=lambda m: m.node)}),
             frozenset(offline),
         )
-
-    @classmethod
-    def from_sysfs(cls, root: str | os.PathLike[str]) -> Topology:
-        """Read the topology of the machine whose sysfs is mounted at ``root`` (e.g. ``/sys``).
-
-        See :mod:`crihook.hooks.node.sysfs` for the files read; raises TopologyError.
-        """
-        # Imported here: the reader builds CPUInfo/NUMAMemory, so a top-level import would
-        # be circular.
-        from crihook.hooks.node.sysfs import read_topology
-
-        return read_topology(root)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON (a recording's node facts): `from_dict` gives the same Topology back."""

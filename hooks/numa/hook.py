@@ -79,6 +79,7 @@ from crihook.hooks.spec import (
     SyncContext,
     TopologyHint,
 )
+from crihook.hooks.spec.options import reject_unknown
 from crihook.hooks.spec.views import INIT_CONTAINERS_ANNOTATION, SIDECAR_CONTAINERS_ANNOTATION
 
 __all__ = ["NumaHook", "container_requests", "parse_quantity", "parse_reserved_memory"]
@@ -157,9 +158,7 @@ class NumaHook(Hook):
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
-        unknown = sorted(set(self.options) - _KEYS)
-        if unknown:
-            raise ValueError(f"numa: unknown option(s) {', '.join(unknown)}")
+        reject_unknown("numa", self.options, _KEYS)
         resize_memory = self.options.get("resize_exclusive_memory", False)
         if not isinstance(resize_memory, bool):
             raise ValueError(

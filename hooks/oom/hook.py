@@ -52,6 +52,7 @@ from crihook.hooks.spec import (
     RuntimeQueries,
     SyncContext,
 )
+from crihook.hooks.spec.options import reject_unknown
 
 __all__ = ["OomHook", "OomOptions", "chosen_score", "parse_options"]
 
@@ -69,9 +70,7 @@ class OomOptions:
 
 
 def parse_options(options: Mapping[str, Any]) -> OomOptions:
-    unknown = sorted(set(options) - _KEYS)
-    if unknown:
-        raise ValueError(f"oom: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("oom", options, _KEYS)
     ranges_table = options.get("override_ranges", {})
     if not isinstance(ranges_table, Mapping):
         raise ValueError('oom: override_ranges must be a table of namespace = "LOW..HIGH"')

@@ -254,51 +254,84 @@ def adjustment_to_proto(adj: Adjustment) -> hook_pb2.Adjustment:
     """ValueError for a REMOVE the protocol cannot carry (a scalar or a hugepage limit)."""
     msg = hook_pb2.Adjustment()
     for (field, key), value in adj.changes.items():
-        if field in _SCALARS:
-            if value is REMOVE:
-                raise ValueError(f"{field.value} cannot be removed, only set")
-            setattr(msg, field.value, value)
-        elif field in _STRING_MAPS:
-            set_map, remove_list = _STRING_MAPS[field]
-            if value is REMOVE:
-                getattr(msg, remove_list).append(key)
-            else:
-                getattr(msg, set_map)[key] = value
-        elif field is Field.HUGEPAGE_LIMIT:
-            if value is REMOVE:
-                raise ValueError(f"hugepage limit {key!r} cannot be removed, only set")
-            msg.hugepage_limits[key] = value
-        elif field is Field.DEVICE:
-            if value is REMOVE:
-                msg.remove_devices.append(key)
-            else:
-                msg.add_devices.add(
-                    container_path=value.container_path,
-                    host_path=value.host_path,
-                    permissions=value.permissions,
-                )
-        elif field is Field.MOUNT:
-            if value is REMOVE:
-                msg.remove_mounts.append(key)
-            else:
-                msg.add_mounts.add(
-                    container_path=value.container_path,
-                    host_path=value.host_path,
-                    readonly=value.readonly,
-                    propagation=value.propagation,
-                    selinux_relabel=value.selinux_relabel,
-                )
-        elif field is Field.ENV:
-            if value is REMOVE:
-                msg.remove_env.append(key)
-            else:
-                msg.set_env.add(name=key, value=value)
-        elif field is Field.CDI_DEVICE:
-            (msg.remove_cdi_devices if value is REMOVE else msg.add_cdi_devices).append(key)
-        else:  # pragma: no cover - every Field is handled above
-            raise AssertionError(f"unhandled field {field}")
+        _ENCODERS[field](msg, key, value)
     msg.updates.extend(update_to_proto(u) for u in adj.updates)
     return msg
+
+
+# One encoder per Field, as `_DECODERS` has one decoder per proto field: (message, key, value).
+_Encoder = Callable[[hook_pb2.Adjustment, str, Any], None]
+
+
+def _scalar(name: str) -> _Encoder:
+    def encode(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+        if value is REMOVE:
+            raise ValueError(f"{name} cannot be removed, only set")
+        setattr(msg, name, value)
+
+    return encode
+
+
+def _string_map(set_map: str, remove_list: str) -> _Encoder:
+    def encode(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+        if value is REMOVE:
+            getattr(msg, remove_list).append(key)
+        else:
+            getattr(msg, set_map)[key] = value
+
+    return encode
+
+
+def _hugepage_limit(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+    if value is REMOVE:
+        raise ValueError(f"hugepage limit {key!r} cannot be removed, only set")
+    msg.hugepage_limits[key] = value
+
+
+def _device(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+    if value is REMOVE:
+        msg.remove_devices.append(key)
+    else:
+        msg.add_devices.add(
+            container_path=value.container_path,
+            host_path=value.host_path,
+            permissions=value.permissions,
+        )
+
+
+def _mount(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+    if value is REMOVE:
+        msg.remove_mounts.append(key)
+    else:
+        msg.add_mounts.add(
+            container_path=value.container_path,
+            host_path=value.host_path,
+            readonly=value.readonly,
+            propagation=value.propagation,
+            selinux_relabel=value.selinux_relabel,
+        )
+
+
+def _env(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+    if value is REMOVE:
+        msg.remove_env.append(key)
+    else:
+        msg.set_env.add(name=key, value=value)
+
+
+def _cdi_device(msg: hook_pb2.Adjustment, key: str, value: Any) -> None:
+    (msg.remove_cdi_devices if value is REMOVE else msg.add_cdi_devices).append(key)
+
+
+_ENCODERS: dict[Field, _Encoder] = {
+    **{field: _scalar(field.value) for field in _SCALARS},
+    **{field: _string_map(*names) for field, names in _STRING_MAPS.items()},
+    Field.HUGEPAGE_LIMIT: _hugepage_limit,
+    Field.DEVICE: _device,
+    Field.MOUNT: _mount,
+    Field.ENV: _env,
+    Field.CDI_DEVICE: _cdi_device,
+}
 
 
 def adjustment_from_proto(msg: hook_pb2.Adjustment) -> Adjustment:

@@ -158,7 +158,7 @@ class GrpcStream(H2Protocol):
         self._not_ready(details)
         self._end(grpc.StatusCode.INTERNAL, details)
 
-    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool, flow: int) -> None:
         if stream_id != STREAM_ID or self._on_end is None:
             return
         try:

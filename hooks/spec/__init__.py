@@ -28,6 +28,7 @@ from crihook.hooks.spec.hook import (
     SyncContext,
     subscriptions_of,
 )
+from crihook.hooks.spec.options import reject_unknown
 from crihook.hooks.spec.usage import PoolUsage
 from crihook.hooks.spec.views import (
     ContainerKind,
@@ -69,6 +70,7 @@ __all__ = [
     "Stage",
     "SyncContext",
     "TopologyHint",
+    "reject_unknown",
     "stage_method_name",
     "subscriptions_of",
 ]

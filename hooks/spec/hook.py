@@ -242,6 +242,10 @@ class Hook:
     containers of exempt pods too, or an exempt container would run on another pod's
     exclusive CPUs. Exempt pods still never wait on a hook that honours the exemption."""
 
+    version: str = ""
+    """The hook's own version: an SDK plugin reports it to crihook in its Configure answer
+    (`plugin_version`). Empty: none given."""
+
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options: Mapping[str, Any] = dict(options or {})
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from crihook.hooks.builtin import BUILTIN_ORDER
-from crihook.hooks.node import Topology, TopologyError, format_cpu_list
+from crihook.hooks.node import Topology, TopologyError, format_cpu_list, read_topology
 from crihook.hooks.report import Holdings, MemoryBlock, NodeMemory
 from crihook.proxy.ops.node_doc import NODE_FILE
 from crihook.proxy.ops.state_cli import liveness, load_state
@@ -239,7 +239,7 @@ def load_map(state_dir: Path, sysfs_root: Path = Path("/sys")) -> CpuMap:
     fallback: Topology | None = None
     if node is None:
         try:
-            fallback = Topology.from_sysfs(sysfs_root)
+            fallback = read_topology(sysfs_root)
         except TopologyError as exc:
             raise MapError(f"no {path}, and this machine's topology: {exc}") from None
     return build_map(state, node, fallback)

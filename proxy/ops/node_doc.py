@@ -29,6 +29,7 @@ from typing import Any
 from crihook import __version__
 from crihook.hooks.builtin import BUILTIN_ORDER
 from crihook.hooks.node import Topology, TopologyError
+from crihook.hooks.node import read_topology as read_sysfs_topology
 from crihook.proxy.config import Settings
 from crihook.proxy.errors import ConfigError
 from crihook.proxy.state.journal import write_atomic
@@ -43,7 +44,7 @@ def read_topology(settings: Settings) -> Topology:
     """The node's topology from `[node] sysfs_root`; a ConfigError naming the path if it
     cannot be read (exit 2 at start)."""
     try:
-        return Topology.from_sysfs(settings.node.sysfs_root)
+        return read_sysfs_topology(settings.node.sysfs_root)
     except TopologyError as exc:
         raise ConfigError("--sysfs-root", str(exc)) from None
 

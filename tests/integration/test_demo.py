@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import format_cpu_list, parse_cpu_list, read_topology
 
 DEMO = [sys.executable, "-m", "tests.lab.demo", "--no-wait"]
 TABLE_COLUMNS = ("pod", "QoS", "containerd", "cgroup_cpus", "cgroup_mems", "oom")
@@ -49,7 +49,7 @@ def test_each_step_shows_what_containerd_and_the_kernel_have() -> None:
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     steps = _steps(demo.stdout)
     assert sorted(steps) == ["1", "2", "3", "4", "5"], demo.stdout
-    online = Topology.from_sysfs("/sys").online
+    online = read_topology("/sys").online
     every = format_cpu_list(online)
 
     first = _table(steps["1"])

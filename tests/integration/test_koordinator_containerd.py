@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.node import parse_cpu_list, read_topology
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
 from tests.lab.fixtures import PodCleanup
@@ -167,7 +167,7 @@ def test_a_restarted_crihook_writes_a_be_pods_cgroup_again(
 def test_an_lsr_pod_runs_on_its_scheduler_cpu_and_ls_pods_move_off_it(
     containerd: Containerd, pod_cleanup: PodCleanup, start_crihook: Start
 ) -> None:
-    online = Topology.from_sysfs("/sys").online
+    online = read_topology("/sys").online
     mine = max(online)
     proc = start_crihook()
     with KubeletClient(proc.endpoint, log_root=containerd.pod_log_dir) as kubelet:

@@ -18,7 +18,7 @@ import pytest
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from crihook.hooks.node import Topology
+from crihook.hooks.node import read_topology
 from tests.integration.test_resource_hooks_fixtures import Node
 from tests.lab.containerd import Containerd
 from tests.lab.crihook_proc import DATA_PATHS, CrihookProcess, short_tmpdir
@@ -430,7 +430,7 @@ def test_device_pool_gauges_follow_what_containers_hold() -> None:
         before = scrape(address)
         with grpc.insecure_channel(proc.endpoint) as channel:
             node = Node(
-                Topology.from_sysfs("/sys"), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
+                read_topology("/sys"), runtime, proc, api_pb2_grpc.RuntimeServiceStub(channel)
             )
             app = ContainerSpec(name="app", cpu_request=100, memory_request=GIB)
             spec = PodSpec(
@@ -474,7 +474,7 @@ def test_real_containerd_pod_lifecycle_moves_the_series(
             kubelet.remove_pod(handle)
         after = scrape(address)
         log = proc.log()
-    online = len(Topology.from_sysfs("/sys").online)
+    online = len(read_topology("/sys").online)
     for method in ("RunPodSandbox", "CreateContainer", "StartContainer"):
         labels = {"method": method, "path": "intercepted"}
         assert _delta(before, during, "crihook_cri_calls_total", **labels) == 1, method

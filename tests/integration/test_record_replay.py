@@ -26,7 +26,7 @@ import grpc
 import pytest
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.node import Topology, parse_cpu_list, read_topology
 from crihook.proxy.record.recorder import RESUME_SECONDS
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
@@ -106,7 +106,7 @@ def guaranteed(name: str, cpus: int, **kw: Any) -> PodSpec:
 def record(workdir: Path, extra_args: list[str]) -> Recorded:
     """The workload, recorded; crihook is restarted half-way (a second part of the file)."""
     root = write_sysfs(workdir / "sys", CPUS_48)
-    topology = Topology.from_sysfs(root)
+    topology = read_topology(root)
     path = workdir / "rec.jsonl"
     runtime = MemoryRuntime(workdir / "rt.sock").start()
     args = ["--sysfs-root", str(root), "--record", str(path), *extra_args]

@@ -21,7 +21,7 @@ import pytest
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.cpus import take_cpus
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list, read_topology
 from crihook.hooks.numa.saved import read_saved
 from tests.lab import cgroups
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
@@ -72,7 +72,7 @@ def start_crihook(containerd: RuntimeLab) -> Iterator[Start]:
 
 @pytest.fixture
 def topology() -> Topology:
-    return Topology.from_sysfs("/sys")
+    return read_topology("/sys")
 
 
 def burstable(name: str, **kw: Any) -> PodSpec:

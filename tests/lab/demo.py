@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import format_cpu_list, parse_cpu_list, read_topology
 from crihook.proxy.ops.cpu_map import CpuMap, load_map
 from crihook.proxy.ops.cpu_map_text import render_map, use_colour
 from tests.lab import peers
@@ -199,7 +199,7 @@ class Demo:
         self.workdir = workdir
         self.kubelet = kubelet
         self.direct = direct
-        self.online = Topology.from_sysfs("/sys").online
+        self.online = read_topology("/sys").online
         self.pods: dict[str, Running] = {}
         self.colour = use_colour(sys.stdout)
 

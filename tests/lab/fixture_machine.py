@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 
 from crihook.api.cri.v1 import api_pb2_grpc
-from crihook.hooks.node import Topology
+from crihook.hooks.node import Topology, read_topology
 from tests.lab.crihook_proc import CrihookProcess
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.sysfs import MachineSpec, write_sysfs
@@ -53,7 +53,7 @@ def crihook_on_fixture(
         proc.start()
         with grpc.insecure_channel(proc.endpoint) as channel:
             stub = api_pb2_grpc.RuntimeServiceStub(channel)
-            yield FixtureMachine(Topology.from_sysfs(root), runtime, proc, stub)
+            yield FixtureMachine(read_topology(root), runtime, proc, stub)
     finally:
         proc.kill()
         runtime.stop()

@@ -1,7 +1,7 @@
 """Sysfs-shaped fixture trees of machines this VM is not, for tests, benchmarks and replays.
 
     root = write_sysfs(tmp_path / "sys", EPYC_256_8NUMA)
-    topology = Topology.from_sysfs(root)
+    topology = read_topology(root)
 
 :func:`write_sysfs` writes what ``crihook.hooks.node.sysfs`` reads, shaped as a real kernel
 shows it: cpulists end with a newline; an offline CPU keeps ``cpuN/online`` (``0``) and its
@@ -211,7 +211,7 @@ _CORE_CACHES = ((1, "Data"), (1, "Instruction"), (2, "Unified"))
 
 def write_sysfs(root: Path, spec: MachineSpec) -> Path:
     """Write ``spec``'s ``devices/system/{cpu,node}`` under ``root``; returns ``root``, the
-    sysfs root to hand to ``Topology.from_sysfs``."""
+    sysfs root to hand to ``read_topology``."""
     cpu_dir = root / "devices" / "system" / "cpu"
     node_dir = root / "devices" / "system" / "node"
     cpus = spec.cpus()

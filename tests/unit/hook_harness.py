@@ -90,7 +90,7 @@ def every_update(adjustment: Adjustment | None) -> list[ContainerUpdate]:
 
 
 def topology_of(spec: MachineSpec) -> Topology:
-    """The Topology `Topology.from_sysfs` reads from `write_sysfs(root, spec)` (a core is named
+    """The Topology `read_topology` reads from `write_sysfs(root, spec)` (a core is named
     by its lowest online CPU, as there)."""
     online = spec.online_cpus()
     first: dict[int, int] = {}

@@ -14,7 +14,7 @@ import pytest
 
 from crihook.hooks.builtin import BUILTIN_HOOKS, BUILTIN_ORDER
 from crihook.hooks.cpus.pool import Holder
-from crihook.hooks.node import LinuxFiles, Topology
+from crihook.hooks.node import LinuxFiles, Topology, read_topology
 from crihook.proxy.config import settings_from_toml
 from crihook.proxy.ops.cpu_map import build_map
 from crihook.proxy.ops.node_doc import node_doc
@@ -26,7 +26,7 @@ from tests.unit.test_cpu_map import node_doc as node_json
 
 @pytest.fixture(scope="module")
 def topo(tmp_path_factory: pytest.TempPathFactory) -> Topology:
-    return Topology.from_sysfs(write_sysfs(tmp_path_factory.mktemp("sys"), DUAL_SOCKET_SMT2_2NUMA))
+    return read_topology(write_sysfs(tmp_path_factory.mktemp("sys"), DUAL_SOCKET_SMT2_2NUMA))
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_HOOKS))

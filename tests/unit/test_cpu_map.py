@@ -20,7 +20,7 @@ import pytest
 
 from crihook.hooks.cpus.pool import Bubble, Holder
 from crihook.hooks.devices.pools import Allocation
-from crihook.hooks.node import Topology, format_cpu_list
+from crihook.hooks.node import Topology, format_cpu_list, read_topology
 from crihook.proxy.cli import main
 from crihook.proxy.ops.cpu_map import MORE, CpuMap, MapError, build_map, load_map
 from crihook.proxy.ops.cpu_map_cli import show_map
@@ -54,7 +54,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def topology(root: Path, spec: MachineSpec) -> Topology:
     key = repr(spec)
     if key not in _TREES:
-        _TREES[key] = Topology.from_sysfs(write_sysfs(root / f"m{len(_TREES)}", spec))
+        _TREES[key] = read_topology(write_sysfs(root / f"m{len(_TREES)}", spec))
     return _TREES[key]
 
 

@@ -18,7 +18,7 @@ from crihook.hooks.cpus.options import CpusetOptions, parse_options, reserved_cp
 from crihook.hooks.cpus.pool import CpuPool, Holder
 from crihook.hooks.cpus.rules import exclusive_cpus, slice_cpus
 from crihook.hooks.cpuset import CpusetHook
-from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import format_cpu_list, parse_cpu_list, read_topology
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import (
     Adjustment,
@@ -1049,7 +1049,7 @@ def test_who_gets_exclusive_cpus_and_slices(
 
 @pytest.mark.parametrize("spec", [SMALL, OFFLINE_CPUS], ids=["small", "offline-cpus"])
 def test_the_harness_topology_is_what_sysfs_gives(spec: MachineSpec, tmp_path: Path) -> None:
-    assert topology_of(spec) == Topology.from_sysfs(write_sysfs(tmp_path / "sys", spec))
+    assert topology_of(spec) == read_topology(write_sysfs(tmp_path / "sys", spec))
 
 
 # --- resize -------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from crihook.hooks.cpus.options import (
 )
 from crihook.hooks.cpus.pool import CpuPool
 from crihook.hooks.cpuset import CpusetHook
-from crihook.hooks.node import Topology, parse_cpu_list
+from crihook.hooks.node import Topology, parse_cpu_list, read_topology
 from crihook.hooks.sdk import MemoryState
 from crihook.hooks.spec import Adjustment, Field, TopologyHint
 from tests.lab.kubelet_encoding import PodSpec
@@ -286,7 +286,7 @@ def test_static_policy_start_shared_pool(
 def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Topology]]:
     root = tmp_path_factory.mktemp("machines")
     yield {
-        name: Topology.from_sysfs(write_sysfs(Path(root) / name, spec))
+        name: read_topology(write_sysfs(Path(root) / name, spec))
         for name, spec in NAMED_SPECS.items()
     }
 

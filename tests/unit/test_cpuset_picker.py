@@ -36,6 +36,7 @@ from crihook.hooks.cpus.picker import (
     _take_packed,
     take_reserved,
 )
+from crihook.hooks.node import read_topology
 from crihook.hooks.node.topology import CPUInfo, Topology
 from tests.lab.sysfs import OFFLINE_CPUS, write_sysfs
 from tests.unit.kubelet_topologies import (
@@ -1057,7 +1058,7 @@ def test_offline_siblings_never_make_the_picker_take_unavailable_cpus(tmp_path: 
     """kubelet calls a core free when its free CPUs number the machine's average CPUs per
     core; with an offline sibling that average is 1 and kubelet would take a core's busy
     thread too. Every pick here stays within what is available."""
-    topology = Topology.from_sysfs(write_sysfs(tmp_path / "sys", OFFLINE_CPUS))
+    topology = read_topology(write_sysfs(tmp_path / "sys", OFFLINE_CPUS))
     for busy in ({0}, {0, 12}, {1, 17, 12}, set(range(0, 32, 3)) & topology.online):
         available = topology.online - busy
         for count in range(1, len(available) + 1):

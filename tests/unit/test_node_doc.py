@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crihook.hooks.node import Topology
+from crihook.hooks.node import Topology, read_topology
 from crihook.proxy.config import settings_from_toml
 from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, write_node_doc
 from tests.lab.sysfs import DUAL_SOCKET_SMT2_2NUMA, write_sysfs
@@ -17,7 +17,7 @@ from tests.lab.sysfs import DUAL_SOCKET_SMT2_2NUMA, write_sysfs
 
 @pytest.fixture(scope="module")
 def topo(tmp_path_factory: pytest.TempPathFactory) -> Topology:
-    return Topology.from_sysfs(write_sysfs(tmp_path_factory.mktemp("sys"), DUAL_SOCKET_SMT2_2NUMA))
+    return read_topology(write_sysfs(tmp_path_factory.mktemp("sys"), DUAL_SOCKET_SMT2_2NUMA))
 
 
 def doc_for(topo: Topology, config: str) -> dict[str, object]:

@@ -14,6 +14,7 @@ from crihook.hooks.node import (
     TopologyError,
     format_cpu_list,
     parse_cpu_list,
+    read_topology,
 )
 from tests.lab.sysfs import (
     DUAL_SOCKET_SMT2_2NUMA,
@@ -34,7 +35,7 @@ SPEC_IDS = [name for name, _ in SPECS]
 
 
 def _read(tmp_path: Path, spec: MachineSpec) -> Topology:
-    return Topology.from_sysfs(write_sysfs(tmp_path / "sys", spec))
+    return read_topology(write_sysfs(tmp_path / "sys", spec))
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,7 @@ def test_adjacent_numbering(tmp_path: Path) -> None:
 
 def test_string_root_accepted(tmp_path: Path) -> None:
     root = write_sysfs(tmp_path / "sys", SMALL)
-    assert Topology.from_sysfs(str(root)) == Topology.from_sysfs(root)
+    assert read_topology(str(root)) == read_topology(root)
 
 
 # --- what older or smaller kernels show -----------------------------------------------------
@@ -182,10 +183,10 @@ def test_string_root_accepted(tmp_path: Path) -> None:
 def test_no_die_id_file_means_die_0(tmp_path: Path) -> None:
     spec = MachineSpec(sockets=1, cores_per_socket=4, dies_per_socket=2)
     root = write_sysfs(tmp_path / "sys", spec)
-    assert {c.die for c in Topology.from_sysfs(root).cpus.values()} == {0, 1}
+    assert {c.die for c in read_topology(root).cpus.values()} == {0, 1}
     for path in root.glob("devices/system/cpu/cpu*/topology/die_id"):
         path.unlink()
-    assert {c.die for c in Topology.from_sysfs(root).cpus.values()} == {0}
+    assert {c.die for c in read_topology(root).cpus.values()} == {0}
 
 
 def test_kernel_without_numa(tmp_path: Path) -> None:
@@ -193,7 +194,7 @@ def test_kernel_without_numa(tmp_path: Path) -> None:
     shutil.rmtree(root / "devices/system/node")
     for link in root.glob("devices/system/cpu/cpu*/node*"):
         link.unlink()
-    topo = Topology.from_sysfs(root)
+    topo = read_topology(root)
     assert {c.numa for c in topo.cpus.values()} == {0}
     assert dict(topo.memory) == {}  # unknown, not zero
     assert topo.numa_nodes == (0,)
@@ -208,7 +209,7 @@ def test_no_cache_dir(tmp_path: Path) -> None:
     root = write_sysfs(tmp_path / "sys", MachineSpec(sockets=1, cores_per_socket=2))
     for cache in root.glob("devices/system/cpu/cpu*/cache"):
         shutil.rmtree(cache)
-    assert {c.l3 for c in Topology.from_sysfs(root).cpus.values()} == {-1}
+    assert {c.l3 for c in read_topology(root).cpus.values()} == {-1}
 
 
 def test_l3_without_id_named_by_lowest_shared_cpu(tmp_path: Path) -> None:
@@ -216,7 +217,7 @@ def test_l3_without_id_named_by_lowest_shared_cpu(tmp_path: Path) -> None:
     root = write_sysfs(tmp_path / "sys", spec)
     for path in root.glob("devices/system/cpu/cpu*/cache/index3/id"):
         path.unlink()
-    topo = Topology.from_sysfs(root)
+    topo = read_topology(root)
     assert {c.id: c.l3 for c in topo.cpus.values() if c.id in (0, 5, 8, 13)} == {
         0: 0,
         5: 4,
@@ -228,7 +229,7 @@ def test_l3_without_id_named_by_lowest_shared_cpu(tmp_path: Path) -> None:
 def test_cpu_only_linked_to_its_node(tmp_path: Path) -> None:
     root = write_sysfs(tmp_path / "sys", SMALL)
     (root / "devices/system/node/node1/cpulist").write_text("4-7,12-14\n")
-    assert Topology.from_sysfs(root).cpus[15].numa == 1  # found by cpu15/node1
+    assert read_topology(root).cpus[15].numa == 1  # found by cpu15/node1
 
 
 def test_memory_only_node(tmp_path: Path) -> None:
@@ -237,7 +238,7 @@ def test_memory_only_node(tmp_path: Path) -> None:
     node2.mkdir()
     (node2 / "cpulist").write_text("\n")
     (node2 / "meminfo").write_text("Node 2 MemTotal:       1048576 kB\nNode 2 MemFree: 1 kB\n")
-    topo = Topology.from_sysfs(root)
+    topo = read_topology(root)
     assert topo.memory[2].total_bytes == GIB
     assert dict(topo.memory[2].hugepages) == {}
     assert topo.numa_nodes == (0, 1, 2)
@@ -299,7 +300,7 @@ def test_malformed_file_names_path(
     path = root / "devices/system" / relative
     path.write_text(content + "\n")
     with pytest.raises(TopologyError) as info:
-        Topology.from_sysfs(root)
+        read_topology(root)
     assert str(info.value) == message.format(path=path)
 
 
@@ -321,7 +322,7 @@ def test_missing_file_names_path(tmp_path: Path, relative: str) -> None:
     path = root / "devices/system" / relative
     path.unlink()
     with pytest.raises(TopologyError) as info:
-        Topology.from_sysfs(root)
+        read_topology(root)
     assert str(info.value) == f"cannot read {path}: No such file or directory"
 
 
@@ -331,7 +332,7 @@ def test_cpu_in_no_node(tmp_path: Path) -> None:
     (system / "node/node1/cpulist").write_text("4-7,12-14\n")
     (system / "cpu/cpu15/node1").unlink()
     with pytest.raises(TopologyError) as info:
-        Topology.from_sysfs(root)
+        read_topology(root)
     assert str(info.value) == (
         f"cpu 15 is online but in no NUMA node: not in {system}/node/node*/cpulist "
         f"and no {system}/cpu/cpu15/node* entry"
@@ -347,7 +348,7 @@ def test_topology_error_is_a_value_error() -> None:
 
 def test_real_sysfs() -> None:
     online_file = Path("/sys/devices/system/cpu/online")
-    topo = Topology.from_sysfs("/sys")
+    topo = read_topology("/sys")
     assert 0 in topo.online
     assert topo.online == parse_cpu_list(online_file.read_text())
     assert not topo.online & topo.offline

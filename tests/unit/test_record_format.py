@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.node import Topology
+from crihook.hooks.node import Topology, read_topology
 from crihook.hooks.spec import Adjustment, Event, ResourceDelta, Stage
 from crihook.hooks.spec.adjustment import REMOVE, Field, describe_key, parse_key
 from crihook.proxy.config import (
@@ -258,7 +258,7 @@ def test_settings_doc_keeps_hook_options_and_non_default_settings() -> None:
 
 @pytest.mark.parametrize("spec", [DUAL_SOCKET_SMT2_4NUMA, OFFLINE_CPUS], ids=["80cpu", "offline"])
 def test_topology_document_round_trip(tmp_path: Path, spec: Any) -> None:
-    topology = Topology.from_sysfs(write_sysfs(tmp_path / "sys", spec))
+    topology = read_topology(write_sysfs(tmp_path / "sys", spec))
     assert Topology.from_dict(topology.to_dict()) == topology
 
 

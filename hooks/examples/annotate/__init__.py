@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.spec import Adjustment, Hook, HookContext
+from crihook.hooks.spec import Adjustment, Hook, HookContext, reject_unknown
 
 __all__ = ["AnnotateHook", "AnnotateOptions", "build_adjustment", "parse_options"]
 
@@ -37,9 +37,7 @@ class AnnotateOptions:
 
 def parse_options(options: Mapping[str, Any]) -> AnnotateOptions:
     """Validate the hook's options; ValueError says which one is wrong and why."""
-    unknown = set(options) - {"key", "value", "delay_ms", "fail"}
-    if unknown:
-        raise ValueError(f"annotate: unknown option(s) {', '.join(sorted(unknown))}")
+    reject_unknown("annotate", options, {"key", "value", "delay_ms", "fail"})
     key = options.get("key")
     if key is None:
         raise ValueError("annotate: option 'key' is required (the annotation to add)")

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.spec import Hook, HookContext, Reject
+from crihook.hooks.spec import Hook, HookContext, Reject, reject_unknown
 
 __all__ = ["GuardHook", "GuardOptions", "parse_options", "refusal"]
 
@@ -37,9 +37,7 @@ class GuardOptions:
 
 
 def parse_options(options: Mapping[str, Any]) -> GuardOptions:
-    unknown = sorted(set(options) - {"host_paths", "privileged_namespaces"})
-    if unknown:
-        raise ValueError(f"guard: unknown option(s) {', '.join(unknown)}")
+    reject_unknown("guard", options, {"host_paths", "privileged_namespaces"})
     out = {}
     for name in ("host_paths", "privileged_namespaces"):
         if name in options:

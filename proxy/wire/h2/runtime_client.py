@@ -4,9 +4,9 @@
 service): it opens a connection when none can take a stream (none yet, the last one lost, or
 every one at the runtime's stream limit, or going away), and forgets a connection when it is
 lost, so after a containerd restart the next call connects again. Each `RuntimeConnection`
-(the asyncio adapter of a sans-IO `crihook.api.h2.Connection`) hands a stream's events to the
-`Upstream` that opened it: a relay (h2_server.py) or a unary call (`H2RuntimeClient.call`,
-the pipeline's way to the runtime).
+(an `H2Protocol`: the asyncio adapter of a sans-IO `crihook.api.h2.Connection`) hands a
+stream's events to the `Upstream` that opened it: a relay (server.py) or a unary call
+(`H2RuntimeClient.call`, the pipeline's way to the runtime).
 
 A call is retried once, on a new connection, only when the runtime never processed its stream
 (as grpc-go's transparent retry): the stream was above the last one of the runtime's GOAWAY,
@@ -24,22 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol, cast
+from typing import Protocol
 
 import grpc
 
-from crihook.api.h2.connection import (
-    CANCEL,
-    REFUSED_STREAM,
-    Connection,
-    Data,
-    Failed,
-    Flushed,
-    GoAway,
-    Header,
-    Headers,
-    Reset,
-)
+from crihook.api.h2.connection import CANCEL, REFUSED_STREAM, Connection, Header
 from crihook.api.h2.grpc_wire import (
     GrpcMessages,
     MessageRefused,
@@ -50,6 +39,7 @@ from crihook.api.h2.grpc_wire import (
     metadata_from_headers,
     status_from_header,
 )
+from crihook.api.h2.protocol import H2Protocol
 from crihook.proxy.config import RuntimeSettings
 from crihook.proxy.cri.outcome import Metadata, Status
 from crihook.proxy.cri.runtime import RuntimeCallFailed, UnaryCall
@@ -136,21 +126,21 @@ class Upstream(Protocol):
         """The connection is gone: nothing more will come."""
 
 
-class RuntimeConnection(asyncio.Protocol):
-    """One HTTP/2 connection to the runtime."""
+class RuntimeConnection(H2Protocol):
+    """One HTTP/2 connection to the runtime. Windows are given back by the stream's upstream
+    (a relay: once its bytes went out to kubelet)."""
 
     def __init__(self, pool: RuntimePool) -> None:
-        self.h2 = Connection(client=True, stream_window=RELAY_WINDOW)
+        super().__init__(Connection(client=True, stream_window=RELAY_WINDOW), auto_consume=False)
         self.pool = pool
         self.flusher = pool.flusher
         self.streams: dict[int, Upstream] = {}
-        self.transport: asyncio.Transport | None = None
         self.marked = False
 
     # --- the pool's part ---------------------------------------------------------------------
     @property
     def usable(self) -> bool:
-        return self.transport is not None and self.h2.can_open_stream
+        return self._transport is not None and self.h2.can_open_stream
 
     def open(self, upstream: Upstream, headers: list[Header], end_stream: bool = False) -> int:
         stream_id = self.h2.open_stream()
@@ -163,18 +153,20 @@ class RuntimeConnection(asyncio.Protocol):
         """The stream ended on our side; nothing more goes to its upstream."""
         self.streams.pop(stream_id, None)
 
-    def write_out(self) -> None:
-        data = self.h2.data_to_send()
-        if data and self.transport is not None:
-            self.transport.write(data)
+    def close(self) -> None:
+        """Close the transport (the streams are lost when asyncio reports it closed)."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def flush(self) -> None:
+        """This connection's bytes and those the callback queued on others, one write each."""
+        self.flusher.mark(self)
+        if not self._receiving:
+            self.flusher.flush()
 
     # --- asyncio -------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.write_out()
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         self.pool.lost(self)
         reason = f": {exc}" if exc else ""
         self._lose_all(
@@ -187,55 +179,47 @@ class RuntimeConnection(asyncio.Protocol):
             upstream.up_lost(status)
         self.flusher.flush()
 
-    def data_received(self, data: bytes) -> None:
+    # --- what the runtime sends ----------------------------------------------------------------
+    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool, flow: int) -> None:
         streams = self.streams
-        for event in self.h2.receive(data):
-            kind = type(event)
-            if kind is Data:
-                ev = cast(Data, event)
-                upstream = streams.get(ev.stream_id)
-                if upstream is not None:
-                    if ev.end_stream:
-                        del streams[ev.stream_id]
-                    upstream.up_data(ev.data, ev.end_stream, ev.flow_length)
-            elif kind is Headers:
-                hv = cast(Headers, event)
-                upstream = streams.get(hv.stream_id)
-                if upstream is not None:
-                    if hv.end_stream:
-                        del streams[hv.stream_id]
-                    upstream.up_headers(hv.headers, hv.end_stream)
-            elif kind is Flushed:
-                fv = cast(Flushed, event)
-                upstream = streams.get(fv.stream_id)
-                if upstream is not None:
-                    upstream.up_flushed(fv.sent)
-            elif kind is Reset:
-                rv = cast(Reset, event)
-                upstream = streams.pop(rv.stream_id, None)
-                if upstream is not None:
-                    if rv.error == REFUSED_STREAM:
-                        upstream.up_refused(rv.error)
-                    else:
-                        upstream.up_reset(rv.error)
-            elif kind is GoAway:
-                gv = cast(GoAway, event)
-                last = gv.last_stream_id
-                log.info("the runtime is going away (error 0x%x, last stream %d)", gv.error, last)
-                for stream_id in [s for s in streams if s > last]:
-                    streams.pop(stream_id).up_refused(None)
-            elif kind is Failed:
-                details = cast(Failed, event).details
-                log.warning("runtime connection: %s", details)
-                self.write_out()
-                self._lose_all(
-                    Status(grpc.StatusCode.UNAVAILABLE, f"runtime connection: {details}")
-                )
-                if self.transport is not None:
-                    self.transport.close()
-                return
-        self.flusher.mark(self)
-        self.flusher.flush()
+        upstream = streams.get(stream_id)
+        if upstream is not None:
+            if end_stream:
+                del streams[stream_id]
+            upstream.up_data(payload, end_stream, flow)
+
+    def _on_headers(self, stream_id: int, headers: list[Header], end_stream: bool) -> None:
+        streams = self.streams
+        upstream = streams.get(stream_id)
+        if upstream is not None:
+            if end_stream:
+                del streams[stream_id]
+            upstream.up_headers(headers, end_stream)
+
+    def _on_flushed(self, stream_id: int, sent: int) -> None:
+        upstream = self.streams.get(stream_id)
+        if upstream is not None:
+            upstream.up_flushed(sent)
+
+    def _on_reset(self, stream_id: int, error: int) -> None:
+        upstream = self.streams.pop(stream_id, None)
+        if upstream is not None:
+            if error == REFUSED_STREAM:
+                upstream.up_refused(error)
+            else:
+                upstream.up_reset(error)
+
+    def _on_goaway(self, last_stream_id: int, error: int) -> None:
+        log.info("the runtime is going away (error 0x%x, last stream %d)", error, last_stream_id)
+        streams = self.streams
+        for stream_id in [s for s in streams if s > last_stream_id]:
+            streams.pop(stream_id).up_refused(None)
+
+    def _on_protocol_error(self, details: str) -> None:
+        # H2Protocol writes the GOAWAY and closes the transport after this.
+        log.warning("runtime connection: %s", details)
+        self.write_out()
+        self._lose_all(Status(grpc.StatusCode.UNAVAILABLE, f"runtime connection: {details}"))
 
 
 class RuntimePool:
@@ -295,8 +279,7 @@ class RuntimePool:
     def close(self) -> None:
         self._closed = True
         for connection in list(self._connections):
-            if connection.transport is not None:
-                connection.transport.close()
+            connection.close()
         self._connections.clear()
 
 

@@ -1,7 +1,8 @@
 """The kubelet-facing side of the `h2` data path: crihook serves gRPC over its own HTTP/2.
 
-Each kubelet connection is a `KubeletConnection` (the asyncio adapter of a sans-IO
-`crihook.api.h2.Connection`); each stream on it becomes one of three kinds of call, by path:
+Each kubelet connection is a `KubeletConnection` (an `H2Protocol`: the asyncio adapter of a
+sans-IO `crihook.api.h2.Connection`); each stream on it becomes one of three kinds of call, by
+path:
 
 - `Relay` (pass-through: unary, server-streaming, and methods crihook does not know): the
   request's header block, DATA and any trailers go to a stream on a runtime connection
@@ -38,16 +39,7 @@ from typing import Any, cast
 
 import grpc
 
-from crihook.api.h2.connection import (
-    CANCEL,
-    Connection,
-    Data,
-    Failed,
-    Flushed,
-    Header,
-    Headers,
-    Reset,
-)
+from crihook.api.h2.connection import CANCEL, Connection, Header
 from crihook.api.h2.grpc_wire import (
     CompressedMessage,
     GrpcMessages,
@@ -61,6 +53,7 @@ from crihook.api.h2.grpc_wire import (
     parse_timeout,
     status_from_header,
 )
+from crihook.api.h2.protocol import H2Protocol
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.cri import handler
@@ -539,25 +532,28 @@ class Buffered(_Unary):
         self.conn.flusher.flush()
 
 
-class KubeletConnection(asyncio.Protocol):
-    """One kubelet connection."""
+class KubeletConnection(H2Protocol):
+    """One kubelet connection. Windows are given back by the calls (a relay: once its bytes
+    went out to the runtime)."""
 
     def __init__(self, server: H2Server) -> None:
+        super().__init__(
+            Connection(
+                client=False,
+                stream_window=RELAY_WINDOW,
+                max_concurrent_streams=MAX_CONCURRENT_STREAMS,
+            ),
+            auto_consume=False,
+        )
         self.server = server
         self.flusher = server.flusher
-        self.h2 = Connection(
-            client=False,
-            stream_window=RELAY_WINDOW,
-            max_concurrent_streams=MAX_CONCURRENT_STREAMS,
-        )
         self.calls: dict[int, _Call] = {}
-        self.transport: asyncio.Transport | None = None
         self.marked = False
         self.going_away = False
         self.last_stream = 0  # the last stream that became a call
 
     def write_out(self) -> None:
-        transport = self.transport
+        transport = self._transport
         if transport is None:
             return
         data = self.h2.data_to_send()
@@ -566,13 +562,18 @@ class KubeletConnection(asyncio.Protocol):
         if self.going_away and not self.calls:
             transport.close()  # after what was written
 
+    def flush(self) -> None:
+        """This connection's bytes and those the callback queued on others, one write each."""
+        self.flusher.mark(self)
+        if not self._receiving:
+            self.flusher.flush()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
-        self.write_out()
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         self.abort()
         self.server.forget(self)
 
@@ -580,12 +581,12 @@ class KubeletConnection(asyncio.Protocol):
         """Reset every call (on the runtime's side too) and close."""
         for call in list(self.calls.values()):
             call.down_reset(CANCEL)
-            if self.transport is not None:
+            if self._transport is not None:
                 self.h2.send_reset(call.stream_id, CANCEL)
         self.flusher.mark(self)
         self.flusher.flush()
-        if self.transport is not None:
-            self.transport.close()
+        if self._transport is not None:
+            self._transport.close()
 
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight are done."""
@@ -598,39 +599,33 @@ class KubeletConnection(asyncio.Protocol):
         if self.going_away and not self.calls:
             self.flusher.mark(self)  # written, then closed (write_out)
 
-    def data_received(self, data: bytes) -> None:
-        calls = self.calls
-        for event in self.h2.receive(data):
-            kind = type(event)
-            if kind is Data:
-                ev = cast(Data, event)
-                call = calls.get(ev.stream_id)
-                if call is not None:
-                    call.down_data(ev.data, ev.end_stream, ev.flow_length)
-            elif kind is Headers:
-                hv = cast(Headers, event)
-                call = calls.get(hv.stream_id)
-                if call is not None:
-                    call.down_headers(hv.headers, hv.end_stream)
-                elif hv.stream_id > self.last_stream and not self.going_away:
-                    self.last_stream = hv.stream_id
-                    self._new_call(hv.stream_id, hv.headers, hv.end_stream)
-            elif kind is Flushed:
-                fv = cast(Flushed, event)
-                call = calls.get(fv.stream_id)
-                if call is not None:
-                    call.down_flushed(fv.sent)
-            elif kind is Reset:
-                rv = cast(Reset, event)
-                call = calls.get(rv.stream_id)
-                if call is not None:
-                    call.down_reset(rv.error)
-            elif kind is Failed:
-                log.warning("dropping a kubelet connection: %s", cast(Failed, event).details)
-                self.abort()
-                return
-        self.flusher.mark(self)
-        self.flusher.flush()
+    # --- what kubelet sends --------------------------------------------------------------------
+    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool, flow: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.down_data(payload, end_stream, flow)
+
+    def _on_headers(self, stream_id: int, headers: list[Header], end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.down_headers(headers, end_stream)
+        elif stream_id > self.last_stream and not self.going_away:
+            self.last_stream = stream_id
+            self._new_call(stream_id, headers, end_stream)
+
+    def _on_flushed(self, stream_id: int, sent: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.down_flushed(sent)
+
+    def _on_reset(self, stream_id: int, error: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.down_reset(error)
+
+    def _on_protocol_error(self, details: str) -> None:
+        log.warning("dropping a kubelet connection: %s", details)
+        self.abort()
 
     def _new_call(self, stream_id: int, headers: list[Header], end_stream: bool) -> None:
         server = self.server

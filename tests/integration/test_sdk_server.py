@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from crihook.hooks.remote.h2server import BidiCall, GrpcServer, RpcError, parse_timeout
 from crihook.hooks.remote.h2stream import GrpcStream
+from crihook.hooks.remote.sdk_server import BidiCall, GrpcServer, RpcError, parse_timeout
 
 SERVICE = "/test.h2.Server"
 LIMIT = 16 << 20

@@ -193,7 +193,7 @@ class _Connection(H2Protocol):
     def _on_headers(self, stream_id: int, fields: list[Header], end_stream: bool) -> None:
         if stream_id in self._calls:  # a client's trailers: not part of gRPC requests
             if end_stream:
-                self._on_data(stream_id, b"", True)
+                self._on_data(stream_id, b"", True, 0)
             return
         headers = dict(fields)
         if self._going_away:
@@ -232,9 +232,9 @@ class _Connection(H2Protocol):
             call.bidi = BidiCall(self, stream_id)
             call.session = bidi(call.bidi)
         if end_stream:
-            self._on_data(stream_id, b"", True)
+            self._on_data(stream_id, b"", True, 0)
 
-    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream_id: int, payload: bytes, end_stream: bool, flow: int) -> None:
         call = self._calls.get(stream_id)
         if call is None:
             return  # a call that ended already
