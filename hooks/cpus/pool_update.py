@@ -8,6 +8,7 @@ each only when it sends it, so the pool a container gets is the newest.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from crihook.hooks.cpus.koordinator import BE_POOL
@@ -19,17 +20,22 @@ __all__ = ["PoolUpdate"]
 _FIELDS = frozenset({"cpuset_cpus"})
 
 
+@functools.lru_cache(maxsize=64)
+def _pool_delta(cpulist: str) -> ResourceDelta:
+    """One delta per cpulist (immutable), shared by every container and update of that pool:
+    built and checked once, not per member; pools come and go, the recent ones are kept."""
+    return ResourceDelta(cpuset_cpus=cpulist)
+
+
 class PoolUpdate:
     """The containers on the node pool `name` (`shared` or `be`), each onto its pool (narrowed
     to its NUMA nodes when koord-scheduler named some)."""
 
-    __slots__ = ("_deltas", "name", "pool")
+    __slots__ = ("name", "pool")
 
     def __init__(self, pool: CpuPool, name: str) -> None:
         self.pool = pool
         self.name = name
-        self._deltas: dict[str, ResourceDelta] = {}
-        """cpulist → its delta: built once per pool, not per container."""
 
     @property
     def key(self) -> str:
@@ -48,13 +54,7 @@ class PoolUpdate:
             return None
         if holder.pool != self.name:
             return None
-        text = self.pool.member_text(holder)
-        delta = self._deltas.get(text)
-        if delta is None:
-            if len(self._deltas) > 64:  # pools come and go: keep the recent ones
-                self._deltas.clear()
-            delta = self._deltas[text] = ResourceDelta(cpuset_cpus=text)
-        return delta
+        return _pool_delta(self.pool.member_text(holder))
 
     def describe(self) -> dict[str, Any]:
         return {"cpuset_cpus": self.pool.node_pool_text(self.name)}

@@ -42,21 +42,23 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, NamedTuple
 
 import grpc
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ContainerView, GroupUpdate, ResourceDelta
-from crihook.hooks.spec.views import resources_updated
+from crihook.hooks.spec.views import ResourcesView, resources_updated
 from crihook.proxy.chain.merge import PendingGroup, PendingUpdate, next_order
 from crihook.proxy.core.histogram import Histogram
 from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import SentUpdate, Status
-from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
+from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed, UnaryCall
 from crihook.proxy.state.records import ContainerRecord
 from crihook.proxy.state.store import Store
+from crihook.proxy.state.unsettled import ContainerUpdateCall, Unsettled, UnsettledRuntime
 
 __all__ = [
     "MAX_PARALLEL",
@@ -160,7 +162,14 @@ class ContainerUpdater:
         self._retry = retry
         self._calls_idle = calls_idle
         self._parallel = parallel
-        self._update = runtime.call(_UPDATE_PATH)
+        self._update: ContainerUpdateCall
+        self._ahead: Unsettled | None = None
+        """Where a walk step names its members in one append before they are sent."""
+        if isinstance(runtime, UnsettledRuntime):  # it marks by the id we know: no decode
+            self._update = runtime.container_update()
+            self._ahead = runtime.unsettled
+        else:
+            self._update = _by_request(runtime.call(_UPDATE_PATH))
         self._store = store
         self._targets: dict[str, _Target] = {}
         self._queue: collections.deque[_Target] = collections.deque()
@@ -279,7 +288,7 @@ class ContainerUpdater:
                 continue
             due = {n: d.value for n, d in target.due.items() if d.group is None} if target else {}
             record = self._store.container(cid)
-            request = self._build(cid, ResourceDelta(**{**due, **changed}), record)
+            request = self._build(cid, {**due, **changed}, record)
             yield cid, SentUpdate(cid, _sent(request), changed, [walk.hook], None)
 
     async def send(
@@ -317,20 +326,19 @@ class ContainerUpdater:
         update issued earlier and not sent yet sets, too), as it will be once sent."""
         container_id = target.container_id
         due = {n: d.value for n, d in target.due.items() if d.group is None}
-        delta = ResourceDelta(**due)
         record = self._store.container(container_id)
-        request = self._build(container_id, delta, record)
+        request = self._build(container_id, due, record)
         changed = {name: due.value for name, due in fields.items()}
         hooks = sorted({due.hook for due in fields.values()})
         return SentUpdate(container_id, _sent(request), changed, hooks, None)
 
     def _build(
-        self, container_id: str, delta: ResourceDelta, record: ContainerRecord | None
+        self, container_id: str, changes: Mapping[str, Any], record: ContainerRecord | None
     ) -> api_pb2.UpdateContainerResourcesRequest:
-        """The request for `delta` on top of the container's record (None: unknown)."""
+        """The request for `changes` (ResourceDelta fields, checked when the hook made
+        them) on top of the container's record (None: unknown)."""
         self.built += 1
-        view = record.view if record is not None else None
-        return build_update_request(ContainerUpdate(container_id, delta), view)
+        return _request(container_id, changes, record.view if record is not None else None)
 
     # --- what later calls wait for ---------------------------------------------------------
     def pending(self, container_id: str) -> bool:
@@ -466,17 +474,19 @@ class ContainerUpdater:
         if walk.members is None:
             walk.members = walk.group.members()
         end = min(walk.done + WALK_STEP, len(walk.members))
-        for cid in walk.members[walk.done : end]:
-            self._mark(walk, cid)
+        marked = [cid for cid in walk.members[walk.done : end] if self._mark(walk, cid).due]
         walk.done = end
+        if self._ahead is not None:
+            self._ahead.ahead(marked)  # one append for the step, not one per member
         if end >= len(walk.members) and self._walks.get(key) is walk:
             del self._walks[key]
 
     def _walk_all(self, walk: _Walk) -> list[str]:
         """Every member of `walk` marked due now (a call that waits for them all)."""
         members = walk.group.members()
-        for cid in members:
-            self._mark(walk, cid)
+        marked = [cid for cid in members if self._mark(walk, cid).due]
+        if self._ahead is not None:
+            self._ahead.ahead(marked)
         key = (walk.hook, walk.group.key)
         if self._walks.get(key) is walk:
             del self._walks[key]
@@ -553,13 +563,12 @@ class ContainerUpdater:
             self._attempt_ended(target)
             return
         target.sending = covered
-        delta = ResourceDelta(**{name: due.value for name, due in fields.items()})
         hooks = sorted({due.hook for due in fields.values()})
         changed = {name: due.value for name, due in fields.items()}
-        request = self._build(cid, delta, record)
+        request = self._build(cid, changed, record)
         status: Status | None = None
         try:
-            await self._update(request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
+            await self._update(cid, request.SerializeToString(), timeout=UPDATE_TIMEOUT_SECONDS)
         except RuntimeCallFailed as err:
             status = err.status
         except Exception as exc:  # a bug below: said, and the update is tried again later
@@ -590,7 +599,7 @@ class ContainerUpdater:
                 delay = self._retry_later(target)
             if self._closing and self._store.container(cid) is not None:
                 self._due_again(target, fields, since)  # left: counted by close()
-            self._failed(target, hooks, delta, status, extra, delay)
+            self._failed(target, hooks, changed, status, extra, delay)
         self._attempt_ended(target)
         if target.due and target.retry is None:
             self._enqueue(target)  # issued while this one was on its way
@@ -612,7 +621,7 @@ class ContainerUpdater:
             self._forget_if_gone(target)
             return
         res = resources_updated(record.view.resources, request.linux)
-        record.view = replace(record.view, resources=res)
+        record.view = _with_resources(record.view, res)
         now = time.time()
         for name, due in fields.items():
             record.audit[name] = {
@@ -673,7 +682,7 @@ class ContainerUpdater:
         self,
         target: _Target,
         hooks: list[str],
-        delta: ResourceDelta,
+        changed: Mapping[str, Any],
         status: Status,
         extra: Mapping[str, str],
         retry_in: float | None,
@@ -708,7 +717,7 @@ class ContainerUpdater:
                 "code": status.code.name,
                 "details": status.details,
                 "at": time.time(),
-                "resources": dict(delta.items()),
+                "resources": {n: changed[n] for n in _DELTA_NAMES if n in changed},
             }
         )
         self._store.put_container(record)
@@ -755,6 +764,8 @@ def _shows(view: ContainerView, fields: Mapping[str, _Due]) -> bool:
     )
 
 
+_DELTA_NAMES = tuple(f.name for f in dataclass_fields(ResourceDelta))
+"""ResourceDelta's fields in order (a failure's record lists them so)."""
 _VIEW_NAMES = {"memory_limit_in_bytes": "memory_limit_bytes"}
 """ResourceDelta field → ResourcesView field, where the names differ."""
 
@@ -769,11 +780,35 @@ def _sent(request: api_pb2.UpdateContainerResourcesRequest) -> dict[str, Any]:
     return {field.name: value for field, value in linux.ListFields()}
 
 
+def _by_request(call: UnaryCall) -> ContainerUpdateCall:
+    """A runtime's UpdateContainerResources called as the updater calls it."""
+
+    async def update(container_id: str, request: bytes, *, timeout: float | None = None) -> bytes:
+        return await call(request, timeout=timeout)
+
+    return update
+
+
+def _with_resources(view: ContainerView, resources: ResourcesView) -> ContainerView:
+    """`dataclasses.replace(view, resources=resources)` at a seventh of its cost (an update's
+    record; ContainerView has no __post_init__ and no slots): every other field carried."""
+    new = object.__new__(ContainerView)
+    new.__dict__.update(view.__dict__)
+    new.__dict__["resources"] = resources
+    return new
+
+
 def build_update_request(
     update: ContainerUpdate, current: ContainerView | None
 ) -> api_pb2.UpdateContainerResourcesRequest:
     """The full resources to send: the container's current ones with the delta on top
     (a runtime may read an absent field as "set to zero")."""
+    return _request(update.container_id, dict(update.resources.items()), current)
+
+
+def _request(
+    container_id: str, changes: Mapping[str, Any], current: ContainerView | None
+) -> api_pb2.UpdateContainerResourcesRequest:
     linux = api_pb2.LinuxContainerResources()
     if current is not None:
         res = current.resources
@@ -785,6 +820,6 @@ def build_update_request(
         linux.cpuset_mems = res.cpuset_mems
         if res.oom_score_adj is not None:
             linux.oom_score_adj = res.oom_score_adj
-    for name, value in update.resources.items():
+    for name, value in changes.items():
         setattr(linux, name, value)
-    return api_pb2.UpdateContainerResourcesRequest(container_id=update.container_id, linux=linux)
+    return api_pb2.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)

@@ -13,6 +13,10 @@ named here are asked.
   runtime, its container id is appended to `<state-dir>/unsettled-<n>` (on the event loop:
   a page-cache append, as the hook journal's write-ahead; once per container until it is
   cleared). It survives crihook's crash at once; a node crash takes the containers with it.
+  Containers about to be updated together (a group update's members, walked a few at a
+  time) may be named ahead in one append (`ahead`): one file write for the step instead of
+  one per container. Named and then not updated, a container is only in doubt a while
+  longer: the next snapshot clears it as any settled one.
 - **Settled by the answer.** A success is followed, without a pause of the event loop, by
   the record's change (pipeline, updates). A failure (refused, or an outcome unknown) leaves
   the container in doubt until the next start asks the runtime.
@@ -30,15 +34,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from pathlib import Path
+from typing import Protocol
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.proxy.cri.outcome import Metadata
 from crihook.proxy.cri.runtime import Runtime, UnaryCall
 from crihook.proxy.state.directory import STATE_FILE_MODE
 
-__all__ = ["UPDATE_PATH", "Unsettled", "UnsettledRuntime"]
+__all__ = ["UPDATE_PATH", "ContainerUpdateCall", "Unsettled", "UnsettledRuntime"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +107,26 @@ class Unsettled:
             entry.touched = self._tick()
 
     # --- calls ---------------------------------------------------------------------------
+    def ahead(self, container_ids: Iterable[str]) -> None:
+        """Containers an UpdateContainerResources may go to soon, named in the file in one
+        append: their `mark` then writes nothing. Never raises (as `mark`)."""
+        lines = []
+        tick = 0
+        for cid in container_ids:
+            entry = self._open.get(cid)
+            if entry is None:
+                entry = self._open[cid] = _Entry(0, 0)
+            if entry.gen != self._gen:
+                entry.gen = self._gen
+                tick = tick or self._tick()
+                entry.touched = tick
+                lines.append(f"{cid}\n")
+        if lines and not self._broken:
+            try:
+                self._append("".join(lines))
+            except OSError as exc:
+                self._lost(exc)
+
     def mark(self, container_id: str) -> None:
         """Before an UpdateContainerResources of `container_id` goes to the runtime. Never
         raises: a mark that cannot be written makes the next start ask about everyone."""
@@ -203,12 +228,21 @@ class Unsettled:
         self._remove(gen for gen, _ in self._files())
 
 
+class ContainerUpdateCall(Protocol):
+    """UpdateContainerResources for a caller that knows the container it built `request`
+    for (the updater): the request is not decoded again to find it."""
+
+    def __call__(
+        self, container_id: str, request: bytes, *, timeout: float | None = None
+    ) -> Awaitable[bytes]: ...
+
+
 class UnsettledRuntime:
     """The runtime, with every UpdateContainerResources marked before and settled after."""
 
     def __init__(self, runtime: Runtime, unsettled: Unsettled) -> None:
         self._runtime = runtime
-        self._unsettled = unsettled
+        self.unsettled = unsettled
 
     def control(self, path: str, image_service: bool = False) -> UnaryCall:
         """Unchanged: the control path asks, it sends no update."""
@@ -218,12 +252,36 @@ class UnsettledRuntime:
         inner = self._runtime.call(path)
         if path != UPDATE_PATH:
             return inner
-        unsettled = self._unsettled
+        marked = self._marked(inner)
 
         async def update(
             request: bytes, *, timeout: float | None = None, metadata: Metadata | None = None
         ) -> bytes:
             cid = api_pb2.UpdateContainerResourcesRequest.FromString(request).container_id
+            return await marked(cid, request, timeout, metadata)
+
+        return update
+
+    def container_update(self) -> ContainerUpdateCall:
+        """UpdateContainerResources, marked for the container the caller names: the id
+        `request` carries (what `call` would decode)."""
+        marked = self._marked(self._runtime.call(UPDATE_PATH))
+
+        async def update(
+            container_id: str, request: bytes, *, timeout: float | None = None
+        ) -> bytes:
+            return await marked(container_id, request, timeout, None)
+
+        return update
+
+    def _marked(
+        self, inner: UnaryCall
+    ) -> Callable[[str, bytes, float | None, Metadata | None], Awaitable[bytes]]:
+        unsettled = self.unsettled
+
+        async def marked(
+            cid: str, request: bytes, timeout: float | None, metadata: Metadata | None
+        ) -> bytes:
             unsettled.mark(cid)
             try:
                 answer = await inner(request, timeout=timeout, metadata=metadata)
@@ -234,4 +292,4 @@ class UnsettledRuntime:
             unsettled.settled(cid, applied=True)
             return answer
 
-        return update
+        return marked

@@ -24,11 +24,13 @@ from crihook.hooks.cpus.pool import CpuPool
 from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.spec import ResourceDelta
 from crihook.proxy.chain.merge import PendingGroup, next_order
-from crihook.proxy.core.updates import ContainerUpdater
+from crihook.proxy.core.updates import WALK_STEP, ContainerUpdater
 from crihook.proxy.state.store import Store
+from crihook.proxy.state.unsettled import UnsettledRuntime
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec
 from tests.unit.hook_harness import SMALL, Node, burstable, guaranteed, topology_of
 from tests.unit.test_store import container, pod
+from tests.unit.test_unsettled import Appends
 from tests.unit.test_updates import Runtime
 
 PATIENCE = 30.0
@@ -269,3 +271,42 @@ async def test_what_is_due_counts_the_members_not_walked_yet(tmp_path: Path) -> 
     runtime.answer.set()
     await until_quiet(updater, ids)
     assert updater.due() == 0
+
+
+class NamedWhenSent(Runtime):
+    """The runtime, noting for each update whether the unsettled files named its container."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__()
+        self.state_dir = state_dir
+        self.unnamed: list[str] = []
+
+    def call(self, path: str) -> Any:
+        inner = super().call(path)
+
+        async def update(
+            request: bytes, timeout: float | None = None, metadata: object = None
+        ) -> bytes:
+            cid = api_pb2.UpdateContainerResourcesRequest.FromString(request).container_id
+            files = [p for p in self.state_dir.iterdir() if p.name.startswith("unsettled-")]
+            if cid not in {c for p in files for c in p.read_text().split()}:
+                self.unnamed.append(cid)
+            return await inner(request, timeout=timeout)
+
+        return update
+
+
+async def test_a_walk_names_its_members_in_the_files_once_per_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [f"c{i}" for i in range(40)]
+    runtime, store = NamedWhenSent(tmp_path), node_store(tmp_path, ids)
+    appends = Appends(store.unsettled, monkeypatch)
+    updater = ContainerUpdater(UnsettledRuntime(runtime, store.unsettled), store)
+    updater.issue([], {}, describe=False, groups=[issued(Pool(ids, "0-1"))])
+    async with asyncio.timeout(PATIENCE):  # nobody waits: the walk goes step by step
+        while updater.due() or updater._workers:  # private: the walk's last step ends
+            await asyncio.sleep(0)
+    assert sorted(sent(runtime)) == sorted((cid, "0-1") for cid in ids)
+    assert runtime.unnamed == []  # each named before the runtime was asked
+    assert appends.count == -(-len(ids) // WALK_STEP)  # a write per step, none per member

@@ -172,3 +172,80 @@ async def test_the_runtime_is_asked_once_the_mark_is_written(tmp_path: Path, fai
     assert runtime.seen == {"c3"}
     unsettled.written(unsettled.planned(), ALL)
     assert started(tmp_path)[1] == ({"c3"} if fail else set())
+
+
+class Appends:
+    """Counts the file writes of an Unsettled (each opens the file)."""
+
+    def __init__(self, unsettled: Unsettled, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        append = unsettled._append  # private: what a write costs is the point
+
+        def counted(text: str) -> None:
+            self.count += 1
+            append(text)
+
+        monkeypatch.setattr(unsettled, "_append", counted)
+
+
+def test_containers_named_ahead_take_one_write_and_their_marks_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unsettled = clear(tmp_path)
+    appends = Appends(unsettled, monkeypatch)
+    unsettled.ahead(ALL)
+    assert appends.count == 1
+    assert named(tmp_path) == set(ALL)  # in the file before any is asked
+    for cid in ALL:
+        unsettled.mark(cid)
+        unsettled.settled(cid, applied=True)
+    assert appends.count == 1
+    # killed here: each is asked about at the next start
+    assert started(tmp_path)[1] == set(ALL)
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "failed"])
+def test_a_container_named_ahead_is_cleared_as_any_other(tmp_path: Path, applied: bool) -> None:
+    unsettled = clear(tmp_path)
+    unsettled.ahead(["c1", "c2"])
+    unsettled.mark("c2")  # c1 was named, then not updated (it had the value already)
+    unsettled.settled("c2", applied=applied)
+    unsettled.written(unsettled.planned(), ALL)
+    assert started(tmp_path)[1] == (set() if applied else {"c2"})
+
+
+def test_a_container_named_ahead_and_asked_after_a_snapshot_is_named_again(
+    tmp_path: Path,
+) -> None:
+    unsettled = clear(tmp_path)
+    unsettled.ahead(["c1"])
+    unsettled.written(unsettled.planned(), ALL)  # c1 cleared: nothing went to it yet
+    unsettled.mark("c1")
+    assert named(tmp_path) == {"c1"}
+
+
+def test_containers_named_ahead_on_a_full_disk_make_the_next_start_ask_everyone(
+    disk: SmallDisk,
+) -> None:
+    unsettled = clear(disk.path)
+    disk.fill()
+    unsettled.ahead(["c1", "c2"])
+    assert disk.files() == []
+    disk.free()
+    assert started(disk.path)[1] == set(ALL)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["applied", "failed"])
+async def test_an_update_for_a_named_container_is_marked_for_it_without_decoding(
+    tmp_path: Path, fail: bool
+) -> None:
+    unsettled = clear(tmp_path)
+    runtime = OneCall(tmp_path, fail)
+    update = UnsettledRuntime(runtime, unsettled).container_update()
+    try:
+        await update("c3", b"")  # the id is the caller's: the bytes are not read for it
+    except RuntimeCallFailed:
+        assert fail
+    assert runtime.seen == {"c3"}
+    unsettled.written(unsettled.planned(), ALL)
+    assert started(tmp_path)[1] == ({"c3"} if fail else set())

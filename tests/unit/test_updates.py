@@ -9,18 +9,22 @@ record stayed for ever (one per such race: the Python objects grew with the call
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
+from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerUpdate, ResourceDelta
+from crihook.hooks.spec.views import ContainerKind, ContainerView, ResourcesView
 from crihook.proxy.chain.merge import PendingUpdate
-from crihook.proxy.core.updates import ContainerUpdater
+from crihook.proxy.core.updates import ContainerUpdater, _with_resources
 from crihook.proxy.cri.outcome import Status
 from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.state.store import Store
+from crihook.proxy.state.unsettled import UnsettledRuntime
 from tests.unit.test_store import container, pod
 
 
@@ -34,7 +38,9 @@ class Runtime:
         self.sent: list[bytes] = []
 
     def call(self, path: str) -> Callable[..., Awaitable[bytes]]:
-        async def update(request: bytes, timeout: float | None = None) -> bytes:
+        async def update(
+            request: bytes, timeout: float | None = None, metadata: object = None
+        ) -> bytes:
             self.sent.append(request)
             await self.answer.wait()
             if any(cid.encode() in request for cid in self.gone):
@@ -119,3 +125,48 @@ async def test_an_update_keeps_in_the_record_what_it_does_not_carry(tmp_path: Pa
     assert record is not None
     assert record.view.resources.cpuset_cpus == "0-3"
     assert dict(record.view.resources.hugepage_limits) == {"2MB": 1 << 21}
+
+
+def test_an_applied_update_changes_the_records_resources_and_nothing_else() -> None:
+    view = ContainerView(
+        id="c1",
+        pod_id="p1",
+        name="app",
+        attempt=2,
+        image="img",
+        labels={"l": "1"},
+        annotations={"a": "2"},
+        kind=ContainerKind.SIDECAR,
+        resources=ResourcesView(cpuset_cpus="0-3"),
+        cdi_devices=("vendor.com/x=y",),
+    )
+    blank = ContainerView(id="", pod_id="", name="")
+    for f in dataclasses.fields(view):  # every field set: the copy must carry each
+        assert getattr(view, f.name) != getattr(blank, f.name), f.name
+    res = ResourcesView(cpuset_cpus="1")
+    updated = _with_resources(view, res)  # private: the record's copy on each update
+    assert updated == dataclasses.replace(view, resources=res)
+    assert view.resources.cpuset_cpus == "0-3"  # the view it came from is left as it was
+
+
+async def test_a_container_updater_marks_what_it_sends_by_the_id_it_knows(
+    tmp_path: Path,
+) -> None:
+    runtime, store = Runtime(), Store(tmp_path)
+    store.put_pod(pod("p"))
+    store.put_container(container("c1", "p"))
+    marked: list[str] = []
+    unsettled = store.unsettled
+    mark = unsettled.mark
+
+    def noted(cid: str) -> None:
+        marked.append(cid)
+        mark(cid)
+
+    unsettled.mark = noted  # type: ignore[method-assign]
+    updater = ContainerUpdater(UnsettledRuntime(runtime, unsettled), store)
+    await updater.send([pending("c1", 1)], {})
+    assert marked == ["c1"]
+    assert [
+        api_pb2.UpdateContainerResourcesRequest.FromString(r).container_id for r in runtime.sent
+    ] == ["c1"]
