@@ -34,7 +34,7 @@ from bench import pipeline_cost
 from bench.run import Scenario
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs
 

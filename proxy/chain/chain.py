@@ -53,6 +53,7 @@ from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
 from crihook.proxy.chain.permissions import DEFAULT_GRANTS, Permissions, parse_grants
 from crihook.proxy.config import ChainSettings, HookSettings
+from crihook.proxy.cri.events import EVENTS
 from crihook.proxy.errors import (
     HookConflict,
     HookError,
@@ -68,7 +69,6 @@ from crihook.proxy.errors import (
 
 __all__ = [
     "REQUIRED_ANNOTATION",
-    "REQUIRING_EVENTS",
     "Breaker",
     "Chain",
     "ChainEntry",
@@ -206,17 +206,6 @@ def _permissions(
 
 
 REQUIRED_ANNOTATION = "hooks.crihook.io/required"
-# Required hooks are enforced where a pod or container is made or shaped. Teardown is never
-# refused for them: refusing StopPodSandbox would only keep alive what already runs.
-REQUIRING_EVENTS = frozenset(
-    {
-        Event.RUN_POD_SANDBOX,
-        Event.CREATE_CONTAINER,
-        Event.START_CONTAINER,
-        Event.UPDATE_CONTAINER_RESOURCES,
-        Event.UPDATE_POD_SANDBOX_RESOURCES,
-    }
-)
 
 
 def required_hooks(settings: ChainSettings, pod: PodView) -> tuple[frozenset[str], frozenset[str]]:
@@ -321,8 +310,9 @@ class Chain:
         return is_exempt(self.settings, pod)
 
     def requires(self, event: Event, pod: PodView) -> bool:
-        """Some hook must run successfully for this call (cheap: checked on every call)."""
-        return event in REQUIRING_EVENTS and bool(
+        """Some hook must run successfully for this call (cheap: checked on every call).
+        Where is the call's (`EventSpec.requires_hooks`)."""
+        return EVENTS[event].requires_hooks and bool(
             self.settings.required_hooks or REQUIRED_ANNOTATION in pod.annotations
         )
 

@@ -57,7 +57,7 @@ from crihook.proxy.chain.merge import from_jsonable, jsonable
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.core.observe import Observation
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from crihook.proxy.cri.outcome import HookRun, Metadata, Outcome, SentUpdate, Status
 from crihook.proxy.record.redact import REDACTED, Redactor
 from crihook.proxy.record.render import changes, render

@@ -24,11 +24,11 @@ from crihook.hooks.spec.events import Event
 from crihook.proxy.chain.merge import (
     _PARTS,
     _WRITERS,
-    ALLOWED_FIELDS,
     Merger,
     apply_change,
     jsonable,
 )
+from crihook.proxy.cri.events import ALLOWED_FIELDS
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
 MiB = 1 << 20

@@ -63,8 +63,9 @@ from crihook.api.h2.grpc_wire import (
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.core.pipeline import Pipeline
+from crihook.proxy.cri.events import EVENTS, EventSpec
 from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH, method_label
-from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.cri.methods import CRI_PACKAGE, known_methods
 from crihook.proxy.cri.outcome import RuntimeCallFailed, Status
 from crihook.proxy.wire.grpc.passthrough import Observer, PassthroughRecord, Readiness
 from crihook.proxy.wire.h2.runtime_client import (
@@ -668,7 +669,10 @@ class H2Server:
         observers: Mapping[str, Observer] | None = None,
         record: PassthroughRecord | None = None,
         metrics: Metrics | None = None,
+        events: Mapping[Event, EventSpec] = EVENTS,
     ) -> None:
+        """`events`: the methods given to the pipeline (crihook.proxy.cri.events); every
+        other is forwarded."""
         self.runtime = runtime
         self.pipeline = pipeline
         self.readiness = readiness
@@ -679,7 +683,7 @@ class H2Server:
         self.flusher: Flusher = runtime.flusher
         self.connections: set[KubeletConnection] = set()
         self.routes: dict[str, Route] = {}
-        intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
+        intercepted = {spec.path: event for event, spec in events.items()}
         for method in known_methods():
             if method.path in intercepted:
                 self.routes[method.path] = intercepted[method.path]
