@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, NamedTuple
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -49,6 +49,7 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import describe_key
+from crihook.proxy.chain.breaker import Breaker, BreakerRecord
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
 from crihook.proxy.chain.permissions import DEFAULT_GRANTS, Permissions, parse_grants
@@ -69,7 +70,6 @@ from crihook.proxy.errors import (
 
 __all__ = [
     "REQUIRED_ANNOTATION",
-    "Breaker",
     "Chain",
     "ChainEntry",
     "failures_of",
@@ -81,70 +81,6 @@ log = logging.getLogger(__name__)
 
 # Leave the runtime this much of kubelet's deadline after the hooks.
 _RUNTIME_RESERVE = 0.05
-
-
-@dataclass
-class Breaker:
-    """Consecutive-failure circuit breaker. Open: calls are not made. After the reset time
-    exactly one probe call goes through (half-open); its outcome closes or reopens it."""
-
-    threshold: int
-    reset_seconds: float
-    failures: int = 0
-    open_until: float = 0.0
-    probing: bool = False
-    clock: Callable[[], float] = time.monotonic
-
-    def allows(self) -> bool:
-        if self.failures < self.threshold:
-            return True
-        if self.probing or self.clock() < self.open_until:
-            return False
-        self.probing = True
-        return True
-
-    def success(self) -> None:
-        self.failures = 0
-        self.open_until = 0.0
-        self.probing = False
-
-    def failure(self) -> None:
-        self.failures += 1
-        self.probing = False
-        if self.failures >= self.threshold:
-            self.open_until = self.clock() + self.reset_seconds
-
-    def abandon(self) -> None:
-        """The call ended without a verdict (cancelled): let another probe try."""
-        self.probing = False
-
-    @property
-    def state(self) -> str:
-        if self.failures < self.threshold:
-            return "closed"
-        return "half-open" if self.probing or self.clock() >= self.open_until else "open"
-
-    def recorded(self, now: float) -> BreakerRecord:
-        """Its state for a recording whose clock reads `now`: the failures counted, and
-        when an open breaker lets a probe through, on that clock."""
-        if self.failures < self.threshold:
-            return BreakerRecord(self.failures, None)
-        return BreakerRecord(self.failures, round(now + self.open_until - self.clock(), 6))
-
-    def restore(self, record: BreakerRecord) -> None:
-        """Take up a recorded state, on this breaker's clock (a replay's: the recorded time).
-        No probe is out: a recording's snapshot is taken while no call is in flight."""
-        self.failures = record.failures
-        self.open_until = record.open_until or 0.0
-        self.probing = False
-
-
-class BreakerRecord(NamedTuple):
-    """A breaker's state in a recording's snapshot (`breakers`)."""
-
-    failures: int
-    open_until: float | None
-    """When an open breaker lets a probe through (the recording's clock); None: closed."""
 
 
 _CLOSED = BreakerRecord(0, None)

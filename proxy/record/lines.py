@@ -52,7 +52,8 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
-from crihook.proxy.chain.chain import BreakerRecord, Chain
+from crihook.proxy.chain.breaker import BreakerRecord
+from crihook.proxy.chain.chain import Chain
 from crihook.proxy.chain.merge import from_jsonable, jsonable
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc

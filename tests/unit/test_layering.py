@@ -213,6 +213,7 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     ("crihook.proxy.replay.runner", "crihook.proxy.wire.grpc.passthrough"),
     ("crihook.proxy.ops.check", "crihook.proxy.app"),
     ("crihook.proxy.record.lines", "crihook.proxy.chain.chain"),
+    ("crihook.proxy.record.lines", "crihook.proxy.chain.breaker"),
     ("crihook.proxy.record.lines", "crihook.proxy.chain.merge"),
     ("crihook.proxy.record.lines", "crihook.proxy.core.observe"),
     ("crihook.proxy.record.lines", "crihook.proxy.state.store"),
