@@ -55,6 +55,8 @@ from crihook.proxy.chain.merge import Merger
 from crihook.proxy.chain.permissions import DEFAULT_GRANTS, Permissions, parse_grants
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.cri.events import EVENTS
+from crihook.proxy.cri.outcome import HookRun
+from crihook.proxy.cri.verdicts import Verdict
 from crihook.proxy.errors import (
     HookConflict,
     HookError,
@@ -297,18 +299,18 @@ class Chain:
             if not adjustment:  # None, or empty (with at most a reason)
                 if trace is not None:
                     why = merger.unapplied.get(entry.name, "")
-                    verdict = "ignored" if why else "nothing"
+                    verdict = Verdict.IGNORED if why else Verdict.NOTHING
                     why = why or (adjustment.reason if adjustment is not None else "")
                     refused = merger.refused_answers.get(entry.name)
                     elapsed = perf_counter() - started
-                    trace.append((entry.name, stage, verdict, why, refused, elapsed))
+                    trace.append(HookRun(entry.name, stage, verdict, why, refused, elapsed))
                 continue
             dry = self.settings.dry_run or entry.settings.dry_run
             if trace is not None:
-                verdict = "dry-run" if dry else "adjusted"
+                verdict = Verdict.DRY_RUN if dry else Verdict.ADJUSTED
                 why = adjustment.reason
                 trace.append(
-                    (entry.name, stage, verdict, why, adjustment, perf_counter() - started)
+                    HookRun(entry.name, stage, verdict, why, adjustment, perf_counter() - started)
                 )
             if dry:
                 log.info(
@@ -328,7 +330,7 @@ class Chain:
             except HookConflict as exc:
                 entry.counters["conflicts"] += 1
                 if trace is not None:  # not applied after all: the run ended the call
-                    trace[-1] = (*trace[-1][:2], "failed", str(exc), *trace[-1][4:])
+                    trace[-1] = trace[-1]._replace(verdict=Verdict.FAILED, detail=str(exc))
                 raise
         return merger
 
@@ -358,7 +360,7 @@ class Chain:
             ctx.exempt = exempt
             ctx.owners = owners
             started = perf_counter()
-            verdict, why = "ok", ""
+            verdict, why = Verdict.OK, ""
             try:
                 try:
                     answer = await self._invoke(entry, ctx)
@@ -370,7 +372,7 @@ class Chain:
                     raise
                 except HookError as error:
                     self._fail_or_ignore(entry, error, event, pod, must)
-                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+                    verdict, why = Verdict.IGNORED, f"{error} (failure_policy=ignore)"
             except BaseException as exc:
                 if trace is not None:
                     trace.append(_failed_run(entry.name, Stage.VALIDATE, exc, started))
@@ -429,17 +431,17 @@ class Chain:
             ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
             ctx.exempt = exempt
             started = perf_counter()
-            verdict, why, hints = "nothing", "", None
+            verdict, why, hints = Verdict.NOTHING, "", None
             try:
                 try:
                     answer = await self._invoke(entry, ctx)
                     if answer is not None:
                         hints = _check_hints(entry.name, answer)
                         offered.append((entry.name, hints))
-                        verdict = "hints"
+                        verdict = Verdict.HINTS
                 except HookError as error:
                     self._fail_or_ignore(entry, error, event, pod)
-                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+                    verdict, why = Verdict.IGNORED, f"{error} (failure_policy=ignore)"
             except BaseException as exc:
                 if trace is not None:
                     trace.append(_failed_run(entry.name, Stage.HINTS, exc, started))
@@ -469,12 +471,12 @@ class Chain:
             ctx.failure = failure
             ctx.exempt = self.exempt(pod)
             started = perf_counter()
-            verdict, why = "told", failure
+            verdict, why = Verdict.TOLD, failure
             try:
                 await self._invoke(entry, ctx)
             except HookError as error:
                 entry.counters["failed_stage_errors"] += 1
-                verdict, why = "failed", str(error)
+                verdict, why = Verdict.FAILED, str(error)
                 log.error(
                     "%s (failed stage: it may keep what it reserved until the next reconcile)",
                     error,
@@ -686,24 +688,24 @@ def _pod_label(pod: PodView) -> str:
 
 
 def _run(
-    hook: str, stage: Stage, verdict: str, why: str, answer: Any, started: float
-) -> tuple[Any, ...]:
-    """A hook's run, as HookRun's fields (the trace keeps plain tuples: cheaper)."""
-    return (hook, stage, verdict, why, answer, perf_counter() - started)
+    hook: str, stage: Stage, verdict: Verdict, why: str, answer: Any, started: float
+) -> HookRun:
+    """A hook's run, for the trace."""
+    return HookRun(hook, stage, verdict, why, answer, perf_counter() - started)
 
 
 def _failed_run(
     hook: str, stage: Stage, exc: BaseException, started: float, answer: Any = None
-) -> tuple[Any, ...]:
+) -> HookRun:
     """A hook's run that ended the call: refused it, or failed under `fail` (`answer`: what
     it asked, when the chain refused that)."""
     if isinstance(exc, HookRejected):
-        verdict = "rejected"
+        verdict = Verdict.REJECTED
     elif isinstance(exc, asyncio.CancelledError):
-        verdict = "cancelled"
+        verdict = Verdict.CANCELLED
     else:
-        verdict = "failed"
-    return (hook, stage, verdict, str(exc), answer, perf_counter() - started)
+        verdict = Verdict.FAILED
+    return HookRun(hook, stage, verdict, str(exc), answer, perf_counter() - started)
 
 
 def _check_hints(hook: str, answer: object) -> ResourceHints:

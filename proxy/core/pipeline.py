@@ -46,6 +46,7 @@ from crihook.proxy.core.validate import check_request, check_resources, check_wi
 from crihook.proxy.cri.events import EVENTS, EventSpec, StoreEffect, Target
 from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Runtime, RuntimeCallFailed, Status
+from crihook.proxy.cri.verdicts import Origin
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.wire.grpc.passthrough import Readiness
@@ -62,8 +63,6 @@ _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
 _UNKNOWN_OUTCOME = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-CRIHOOK, RUNTIME, KUBELET = "crihook", "runtime", "kubelet"
-"""Who ended a call that did not succeed (`Outcome.status_origin`)."""
 
 
 _Audit = dict[str, dict[str, Any]]
@@ -289,7 +288,9 @@ class Pipeline:
         try:
             await self._handle(outcome, deadline)
         except asyncio.CancelledError:
-            outcome.fail(KUBELET, Status(grpc.StatusCode.CANCELLED, "kubelet cancelled the call"))
+            outcome.fail(
+                Origin.KUBELET, Status(grpc.StatusCode.CANCELLED, "kubelet cancelled the call")
+            )
             self._tell(tell, outcome)
             raise
         finally:
@@ -372,7 +373,7 @@ class Pipeline:
                 else:
                     failure = f"the runtime answered {code.name}: {err.status.details}"
                     await self._failed(call, ran, failure, trace)
-                return outcome.fail(RUNTIME, err.status)
+                return outcome.fail(Origin.RUNTIME, err.status)
             except BaseException:
                 # kubelet gave up while the runtime was acting: it may have done it or not.
                 self._outcome_unknown(call)
@@ -778,4 +779,4 @@ def _who(call: _Call) -> str:
 
 def _refused(outcome: Outcome, code: grpc.StatusCode, message: str) -> Outcome:
     """crihook ends the call itself (the runtime never saw it, or its answer is undone)."""
-    return outcome.fail(CRIHOOK, Status(code, f"crihook: {message}"))
+    return outcome.fail(Origin.CRIHOOK, Status(code, f"crihook: {message}"))
