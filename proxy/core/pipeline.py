@@ -189,13 +189,20 @@ class Pipeline:
         updates_after_answer: bool = True,
         updater: ContainerUpdater | None = None,
         events: Mapping[Event, EventSpec] = EVENTS,
+        *,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        on_unknown_outcome: Callable[[PodView], None] | None = None,
+        after_large: Callable[[int], None] | None = None,
+        describe_updates: bool = True,
     ) -> None:
         """`read_back`: after each CreateContainer a hook adjusted, compare what the runtime
         made with what the hooks set (proxy.core.readback), in the background.
         `updates_after_answer`: updates to other containers go out after the call is
         answered (issued, sent in the background); False: the call waits for them.
         `events`: the calls intercepted, one row each (crihook.proxy.cri.events); a call
-        with no row is refused, never given to the hooks (the servers forward it instead)."""
+        with no row is refused, never given to the hooks (the servers forward it instead).
+        The callbacks and `describe_updates` are the attributes below; they stay assignable,
+        for listeners built from the pipeline itself (a recorder takes its `quiesced`)."""
         self.runtime = runtime
         self.hugepage_sizes = frozenset(hugepage_sizes)
         """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
@@ -233,7 +240,7 @@ class Pipeline:
             parallel=MAX_PARALLEL if updates_after_answer else WAITED_PARALLEL,
         )
         self.updates_after_answer = updates_after_answer
-        self.describe_updates = True
+        self.describe_updates = describe_updates
         """Describe the updates a call issued in its outcome (`Outcome.updates`): for who
         reads them (a recording, a replay); O(members) for a group update."""
         self.read_back = ReadBack(runtime, store) if read_back else None
@@ -242,16 +249,16 @@ class Pipeline:
             for m in ("StopPodSandbox", "RemovePodSandbox")
         }
         self._seq = itertools.count(1)
-        self.on_unknown_outcome: Callable[[PodView], None] | None = None
+        self.on_unknown_outcome = on_unknown_outcome
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
         runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
-        self.on_outcome: Callable[[Outcome], None] | None = None
-        self.after_large: Callable[[int], None] | None = None
-        """Told the size of each request of LARGE_MESSAGE_BYTES or more, once its call
-        ended (proxy/core/memory_trim.py gives the memory back)."""
+        self.on_outcome = on_outcome
         """Told every call's outcome, with each hook's run and what the hooks asked the node
         (recording, replay); also when kubelet cancelled the call. Called on the event loop;
         must not block."""
+        self.after_large = after_large
+        """Told the size of each request of LARGE_MESSAGE_BYTES or more, once its call
+        ended (proxy/core/memory_trim.py gives the memory back)."""
 
     def next_seq(self) -> int:
         """The next number in the order calls enter the chain (a synchronize takes one too)."""
