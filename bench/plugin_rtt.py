@@ -43,7 +43,7 @@ from crihook.proxy.config import HookSettings
 async def _measure(args: argparse.Namespace, sock: Path, plugin_pid: int) -> dict[str, float]:
     hook = RemoteHook(
         HookSettings(name="50-annotate", endpoint=f"unix://{sock}", timeout_ms=2000),
-        lambda: ((), ()),
+        lambda: ((), (), {}),
     )
     await hook.start()
     deadline = time.monotonic() + 10

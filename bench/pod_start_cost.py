@@ -39,7 +39,7 @@ from bench.run import Scenario
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.proxy.core.updates import ContainerUpdater
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from crihook.proxy.state.unsettled import UnsettledRuntime
 from tests.lab.kubelet_encoding import container_config, one_container_pod, sandbox_config
 from tests.lab.sysfs import EPYC_256_8NUMA, GIB, write_sysfs

@@ -34,7 +34,7 @@ import grpc
 from bench.soak_common import Calls, ProbedCrihook, tracebacks, unclear_status
 from crihook.api.cri.v1 import api_pb2
 from crihook.api.hook.v1 import hook_pb2
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from tests.lab.h2_bytes import (
     DATA,
     END_HEADERS,

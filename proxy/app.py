@@ -106,6 +106,7 @@ class App:
         self.store = Store(settings.state_dir, journal_in_thread(settings.state_dir))
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
+        self.memory_trim = MemoryTrim()
         self.pipeline = Pipeline(
             UnsettledRuntime(self.runtime, self.store.unsettled),
             self.chain,
@@ -115,6 +116,8 @@ class App:
             node_hugepage_sizes(self.node),
             read_back=settings.runtime.read_back,
             updates_after_answer=settings.runtime.updates == "after-answer",
+            after_large=self.memory_trim.after,
+            describe_updates=settings.record.file is not None,  # a recording: the only reader
         )
         # The seams hooks learn the node through; noted per call while recording.
         host: Host = LinuxHost()
@@ -191,10 +194,9 @@ class App:
             listeners.append(self.metrics.outcome)
         if call_log.log.isEnabledFor(logging.INFO):
             listeners.append(CallLog().outcome)
+        # These two are built from the pipeline (the recorder takes its quiesced and next_seq,
+        # the synchronizer its updater): they are told after it is made.
         self.pipeline.on_outcome = _tell_all(listeners)
-        self.pipeline.describe_updates = self.recorder is not None  # the only reader here
-        self.memory_trim = MemoryTrim()
-        self.pipeline.after_large = self.memory_trim.after
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
         self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, NamedTuple
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -49,10 +49,14 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import describe_key
+from crihook.proxy.chain.breaker import Breaker, BreakerRecord
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
 from crihook.proxy.chain.permissions import Permissions
 from crihook.proxy.config import ChainSettings, HookSettings
+from crihook.proxy.cri.events import EVENTS
+from crihook.proxy.cri.outcome import HookRun
+from crihook.proxy.cri.verdicts import Verdict
 from crihook.proxy.errors import (
     HookConflict,
     HookError,
@@ -69,8 +73,6 @@ from crihook.proxy.grants import DEFAULT_GRANTS, parse_grants
 
 __all__ = [
     "REQUIRED_ANNOTATION",
-    "REQUIRING_EVENTS",
-    "Breaker",
     "Chain",
     "ChainEntry",
     "failures_of",
@@ -82,70 +84,6 @@ log = logging.getLogger(__name__)
 
 # Leave the runtime this much of kubelet's deadline after the hooks.
 _RUNTIME_RESERVE = 0.05
-
-
-@dataclass
-class Breaker:
-    """Consecutive-failure circuit breaker. Open: calls are not made. After the reset time
-    exactly one probe call goes through (half-open); its outcome closes or reopens it."""
-
-    threshold: int
-    reset_seconds: float
-    failures: int = 0
-    open_until: float = 0.0
-    probing: bool = False
-    clock: Callable[[], float] = time.monotonic
-
-    def allows(self) -> bool:
-        if self.failures < self.threshold:
-            return True
-        if self.probing or self.clock() < self.open_until:
-            return False
-        self.probing = True
-        return True
-
-    def success(self) -> None:
-        self.failures = 0
-        self.open_until = 0.0
-        self.probing = False
-
-    def failure(self) -> None:
-        self.failures += 1
-        self.probing = False
-        if self.failures >= self.threshold:
-            self.open_until = self.clock() + self.reset_seconds
-
-    def abandon(self) -> None:
-        """The call ended without a verdict (cancelled): let another probe try."""
-        self.probing = False
-
-    @property
-    def state(self) -> str:
-        if self.failures < self.threshold:
-            return "closed"
-        return "half-open" if self.probing or self.clock() >= self.open_until else "open"
-
-    def recorded(self, now: float) -> BreakerRecord:
-        """Its state for a recording whose clock reads `now`: the failures counted, and
-        when an open breaker lets a probe through, on that clock."""
-        if self.failures < self.threshold:
-            return BreakerRecord(self.failures, None)
-        return BreakerRecord(self.failures, round(now + self.open_until - self.clock(), 6))
-
-    def restore(self, record: BreakerRecord) -> None:
-        """Take up a recorded state, on this breaker's clock (a replay's: the recorded time).
-        No probe is out: a recording's snapshot is taken while no call is in flight."""
-        self.failures = record.failures
-        self.open_until = record.open_until or 0.0
-        self.probing = False
-
-
-class BreakerRecord(NamedTuple):
-    """A breaker's state in a recording's snapshot (`breakers`)."""
-
-    failures: int
-    open_until: float | None
-    """When an open breaker lets a probe through (the recording's clock); None: closed."""
 
 
 _CLOSED = BreakerRecord(0, None)
@@ -207,17 +145,6 @@ def _permissions(
 
 
 REQUIRED_ANNOTATION = "hooks.crihook.io/required"
-# Required hooks are enforced where a pod or container is made or shaped. Teardown is never
-# refused for them: refusing StopPodSandbox would only keep alive what already runs.
-REQUIRING_EVENTS = frozenset(
-    {
-        Event.RUN_POD_SANDBOX,
-        Event.CREATE_CONTAINER,
-        Event.START_CONTAINER,
-        Event.UPDATE_CONTAINER_RESOURCES,
-        Event.UPDATE_POD_SANDBOX_RESOURCES,
-    }
-)
 
 
 def required_hooks(settings: ChainSettings, pod: PodView) -> tuple[frozenset[str], frozenset[str]]:
@@ -322,8 +249,9 @@ class Chain:
         return is_exempt(self.settings, pod)
 
     def requires(self, event: Event, pod: PodView) -> bool:
-        """Some hook must run successfully for this call (cheap: checked on every call)."""
-        return event in REQUIRING_EVENTS and bool(
+        """Some hook must run successfully for this call (cheap: checked on every call).
+        Where is the call's (`EventSpec.requires_hooks`)."""
+        return EVENTS[event].requires_hooks and bool(
             self.settings.required_hooks or REQUIRED_ANNOTATION in pod.annotations
         )
 
@@ -372,18 +300,18 @@ class Chain:
             if not adjustment:  # None, or empty (with at most a reason)
                 if trace is not None:
                     why = merger.unapplied.get(entry.name, "")
-                    verdict = "ignored" if why else "nothing"
+                    verdict = Verdict.IGNORED if why else Verdict.NOTHING
                     why = why or (adjustment.reason if adjustment is not None else "")
                     refused = merger.refused_answers.get(entry.name)
                     elapsed = perf_counter() - started
-                    trace.append((entry.name, stage, verdict, why, refused, elapsed))
+                    trace.append(HookRun(entry.name, stage, verdict, why, refused, elapsed))
                 continue
             dry = self.settings.dry_run or entry.settings.dry_run
             if trace is not None:
-                verdict = "dry-run" if dry else "adjusted"
+                verdict = Verdict.DRY_RUN if dry else Verdict.ADJUSTED
                 why = adjustment.reason
                 trace.append(
-                    (entry.name, stage, verdict, why, adjustment, perf_counter() - started)
+                    HookRun(entry.name, stage, verdict, why, adjustment, perf_counter() - started)
                 )
             if dry:
                 log.info(
@@ -403,7 +331,7 @@ class Chain:
             except HookConflict as exc:
                 entry.counters["conflicts"] += 1
                 if trace is not None:  # not applied after all: the run ended the call
-                    trace[-1] = (*trace[-1][:2], "failed", str(exc), *trace[-1][4:])
+                    trace[-1] = trace[-1]._replace(verdict=Verdict.FAILED, detail=str(exc))
                 raise
         return merger
 
@@ -433,7 +361,7 @@ class Chain:
             ctx.exempt = exempt
             ctx.owners = owners
             started = perf_counter()
-            verdict, why = "ok", ""
+            verdict, why = Verdict.OK, ""
             try:
                 try:
                     answer = await self._invoke(entry, ctx)
@@ -445,7 +373,7 @@ class Chain:
                     raise
                 except HookError as error:
                     self._fail_or_ignore(entry, error, event, pod, must)
-                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+                    verdict, why = Verdict.IGNORED, f"{error} (failure_policy=ignore)"
             except BaseException as exc:
                 if trace is not None:
                     trace.append(_failed_run(entry.name, Stage.VALIDATE, exc, started))
@@ -504,17 +432,17 @@ class Chain:
             ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
             ctx.exempt = exempt
             started = perf_counter()
-            verdict, why, hints = "nothing", "", None
+            verdict, why, hints = Verdict.NOTHING, "", None
             try:
                 try:
                     answer = await self._invoke(entry, ctx)
                     if answer is not None:
                         hints = _check_hints(entry.name, answer)
                         offered.append((entry.name, hints))
-                        verdict = "hints"
+                        verdict = Verdict.HINTS
                 except HookError as error:
                     self._fail_or_ignore(entry, error, event, pod)
-                    verdict, why = "ignored", f"{error} (failure_policy=ignore)"
+                    verdict, why = Verdict.IGNORED, f"{error} (failure_policy=ignore)"
             except BaseException as exc:
                 if trace is not None:
                     trace.append(_failed_run(entry.name, Stage.HINTS, exc, started))
@@ -544,12 +472,12 @@ class Chain:
             ctx.failure = failure
             ctx.exempt = self.exempt(pod)
             started = perf_counter()
-            verdict, why = "told", failure
+            verdict, why = Verdict.TOLD, failure
             try:
                 await self._invoke(entry, ctx)
             except HookError as error:
                 entry.counters["failed_stage_errors"] += 1
-                verdict, why = "failed", str(error)
+                verdict, why = Verdict.FAILED, str(error)
                 log.error(
                     "%s (failed stage: it may keep what it reserved until the next reconcile)",
                     error,
@@ -761,24 +689,24 @@ def _pod_label(pod: PodView) -> str:
 
 
 def _run(
-    hook: str, stage: Stage, verdict: str, why: str, answer: Any, started: float
-) -> tuple[Any, ...]:
-    """A hook's run, as HookRun's fields (the trace keeps plain tuples: cheaper)."""
-    return (hook, stage, verdict, why, answer, perf_counter() - started)
+    hook: str, stage: Stage, verdict: Verdict, why: str, answer: Any, started: float
+) -> HookRun:
+    """A hook's run, for the trace."""
+    return HookRun(hook, stage, verdict, why, answer, perf_counter() - started)
 
 
 def _failed_run(
     hook: str, stage: Stage, exc: BaseException, started: float, answer: Any = None
-) -> tuple[Any, ...]:
+) -> HookRun:
     """A hook's run that ended the call: refused it, or failed under `fail` (`answer`: what
     it asked, when the chain refused that)."""
     if isinstance(exc, HookRejected):
-        verdict = "rejected"
+        verdict = Verdict.REJECTED
     elif isinstance(exc, asyncio.CancelledError):
-        verdict = "cancelled"
+        verdict = Verdict.CANCELLED
     else:
-        verdict = "failed"
-    return (hook, stage, verdict, str(exc), answer, perf_counter() - started)
+        verdict = Verdict.FAILED
+    return HookRun(hook, stage, verdict, str(exc), answer, perf_counter() - started)
 
 
 def _check_hints(hook: str, answer: object) -> ResourceHints:

@@ -17,7 +17,6 @@ from google.protobuf.message import Message
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec.adjustment import (
     REMOVE,
-    RESOURCE_FIELDS,
     Adjustment,
     ContainerUpdate,
     Device,
@@ -28,10 +27,10 @@ from crihook.hooks.spec.adjustment import (
     describe_key,
 )
 from crihook.hooks.spec.events import Event
+from crihook.proxy.cri.events import EVENTS, EventSpec
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
 __all__ = [
-    "ALLOWED_FIELDS",
     "Merger",
     "PendingGroup",
     "PendingUpdate",
@@ -39,32 +38,6 @@ __all__ = [
     "next_order",
     "stamp",
 ]
-
-_CONTAINER_FIELDS = RESOURCE_FIELDS | {
-    Field.LABEL,
-    Field.ANNOTATION,
-    Field.DEVICE,
-    Field.MOUNT,
-    Field.ENV,
-    Field.CDI_DEVICE,
-}
-
-# What each call can carry. Start/Stop/Remove carry only ids: hooks there may only update
-# other containers.
-ALLOWED_FIELDS: Mapping[Event, frozenset[Field]] = {
-    Event.RUN_POD_SANDBOX: frozenset(
-        (RESOURCE_FIELDS - {Field.OOM_SCORE_ADJ})
-        | {Field.CGROUP_PARENT, Field.LABEL, Field.ANNOTATION}
-    ),
-    Event.CREATE_CONTAINER: frozenset(_CONTAINER_FIELDS),
-    Event.UPDATE_CONTAINER_RESOURCES: frozenset(RESOURCE_FIELDS | {Field.ANNOTATION}),
-    Event.UPDATE_POD_SANDBOX_RESOURCES: frozenset(RESOURCE_FIELDS - {Field.OOM_SCORE_ADJ}),
-    Event.START_CONTAINER: frozenset(),
-    Event.STOP_CONTAINER: frozenset(),
-    Event.REMOVE_CONTAINER: frozenset(),
-    Event.STOP_POD_SANDBOX: frozenset(),
-    Event.REMOVE_POD_SANDBOX: frozenset(),
-}
 
 _PROPAGATION = {
     "private": api_pb2.PROPAGATION_PRIVATE,
@@ -112,6 +85,7 @@ class Merger:
     ) -> None:
         self.event = event
         self.request = request
+        self._spec = EVENTS[event]
         self._conflict = conflict
         self._rank = {name: i for i, name in enumerate(precedence)} if precedence else {}
         self.owners: dict[FieldKey, str] = {}
@@ -134,7 +108,7 @@ class Merger:
 
     def validate(self, hook: str, adjustment: Adjustment, post: bool) -> None:
         """Refuse fields the call cannot carry, before anything is applied."""
-        allowed = frozenset() if post else ALLOWED_FIELDS[self.event]
+        allowed = frozenset() if post else self._spec.fields
         for key, _ in adjustment.change_items():
             if key[0] not in allowed:
                 where = f"post-{self.event.value}" if post else self.event.value
@@ -180,7 +154,7 @@ class Merger:
         name = _PARTS[field]
         part = self._parts.get(name)
         if part is None:
-            part = self._parts[name] = _part(self.event, self.request, name)
+            part = self._parts[name] = _part(self._spec, self.request, name)
         _WRITERS[field](part, key[1], value)
 
     def _ranked(self, hook: str) -> bool:
@@ -208,38 +182,25 @@ _Writer = Callable[[Any, str, Any], None]
 """Writes (key, value) into the part of the request a field lives in."""
 
 
-def _resources(event: Event, request: Any) -> Any:
-    if event is Event.UPDATE_CONTAINER_RESOURCES:
-        return request.linux
-    if event is Event.UPDATE_POD_SANDBOX_RESOURCES:
-        return request.resources
-    return request.config.linux.resources
-
-
-def _maps(event: Event, request: Any, part: str) -> Any:
-    """The request's labels or annotations (`part`); UpdateContainerResources has
-    annotations only, at its top."""
-    if event is Event.UPDATE_CONTAINER_RESOURCES:
-        return request.annotations
-    return getattr(request.config, part)
-
-
-def _part(event: Event, request: Any, part: str) -> Any:
-    """The part of the request named `part` (a `_PARTS` value)."""
+def _part(spec: EventSpec, request: Any, part: str) -> Any:
+    """The part of the request named `part` (a `_PARTS` value); where the resources and the
+    labels and annotations are is the call's (`EventSpec.resources`, `.labels`, ...)."""
     if part in _LISTS:
         return _Entries(getattr(request.config, part), _LISTS[part])
-    if part == "labels" or part == "annotations":
-        return _maps(event, request, part)
+    if part == "labels":
+        return spec.labels(request)  # type: ignore[misc]  # a call hooks may label
+    if part == "annotations":
+        return spec.annotations(request)  # type: ignore[misc]
     if part == "linux":
         return request.config.linux
-    resources = _resources(event, request)
+    resources = spec.resources(request)  # type: ignore[misc]  # a call with resources
     return resources.unified if part == "unified" else resources
 
 
 def apply_change(event: Event, request: Any, key: FieldKey, value: Any) -> None:
     """Write one field into the request (a protobuf message, changed in place)."""
     field, name = key
-    _WRITERS[field](_part(event, request, _PARTS[field]), name, value)
+    _WRITERS[field](_part(EVENTS[event], request, _PARTS[field]), name, value)
 
 
 def _set_map(target: Any, name: str, value: Any) -> None:

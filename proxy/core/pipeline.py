@@ -1,4 +1,4 @@
-"""The flow of one intercepted call, written once for all eight, with no transport in it:
+"""The flow of one intercepted call, written once for all nine, with no transport in it:
 
     decode → views (from the request or the store) → per-pod lock → pre stage (chain) →
     encode only if something changed → runtime → store (+ audit) → post stage →
@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,6 @@ from google.protobuf.message import DecodeError, Message
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView, Stage
 from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field, describe_key
-from crihook.hooks.spec.events import HINT_EVENTS
 from crihook.hooks.spec.views import (
     container_view_from_config,
     container_view_updated,
@@ -44,11 +43,13 @@ from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.readback import ReadBack
 from crihook.proxy.core.updates import MAX_PARALLEL, WAITED_PARALLEL, ContainerUpdater
 from crihook.proxy.core.validate import check_request, check_resources, check_wire
-from crihook.proxy.cri.methods import INTERCEPTED, method_path
+from crihook.proxy.cri.events import EVENTS, EventSpec, StoreEffect, Target
+from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Status
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
 from crihook.proxy.cri.values import jsonable
+from crihook.proxy.cri.verdicts import Origin
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.records import ContainerRecord, PodRecord
 from crihook.proxy.state.store import Store
@@ -59,27 +60,17 @@ log = logging.getLogger(__name__)
 
 _UNDO_TIMEOUT = 30.0  # stopping a sandbox tears down its network: give it time
 _UNKNOWN_POD = PodView(id="", uid="", name="", namespace="")
-_POD_ID_EVENTS = frozenset(
-    {Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.UPDATE_POD_SANDBOX_RESOURCES}
-)
-_WAIT_FOR_UPDATES = frozenset(
-    {
-        Event.UPDATE_CONTAINER_RESOURCES,
-        Event.START_CONTAINER,
-        Event.STOP_CONTAINER,
-        Event.REMOVE_CONTAINER,
-    }
-)
-"""Calls on a container that first wait for the update due to it (issued by another pod's
-call): kubelet and the hooks then see the resources crihook gave it, never older ones."""
 # Statuses after which the runtime may have carried the call out or not: the connection
 # broke, or the deadline passed while it acted. (containerd answers UNKNOWN for errors it
 # did not classify, after cleaning up: a failure.)
 _UNKNOWN_OUTCOME = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-CRIHOOK, RUNTIME, KUBELET = "crihook", "runtime", "kubelet"
-"""Who ended a call that did not succeed (`Outcome.status_origin`)."""
+
+
+_Audit = dict[str, dict[str, Any]]
+_StoreEffect = Callable[["_Call", Any, "Merger | None", _Audit], None]
+"""What the store keeps of a call the runtime answered OK: (call, response, merger, audit)."""
 
 
 class _PodLocks:
@@ -166,10 +157,11 @@ class _Gate:
 class _Call:
     """What the pipeline knows about one intercepted call."""
 
-    __slots__ = ("container", "container_record", "event", "pod", "pod_record", "request")
+    __slots__ = ("container", "container_record", "event", "pod", "pod_record", "request", "spec")
 
-    def __init__(self, event: Event, request: Any) -> None:
-        self.event = event
+    def __init__(self, spec: EventSpec, request: Any) -> None:
+        self.spec = spec
+        self.event = spec.event
         self.request = request
         self.pod: PodView = _UNKNOWN_POD
         self.container: ContainerView | None = None
@@ -199,11 +191,21 @@ class Pipeline:
         read_back: bool = False,
         updates_after_answer: bool = True,
         updater: ContainerUpdater | None = None,
+        events: Mapping[Event, EventSpec] = EVENTS,
+        *,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        on_unknown_outcome: Callable[[PodView], None] | None = None,
+        after_large: Callable[[int], None] | None = None,
+        describe_updates: bool = True,
     ) -> None:
         """`read_back`: after each CreateContainer a hook adjusted, compare what the runtime
         made with what the hooks set (proxy.core.readback), in the background.
         `updates_after_answer`: updates to other containers go out after the call is
-        answered (issued, sent in the background); False: the call waits for them."""
+        answered (issued, sent in the background); False: the call waits for them.
+        `events`: the calls intercepted, one row each (crihook.proxy.cri.events); a call
+        with no row is refused, never given to the hooks (the servers forward it instead).
+        The callbacks and `describe_updates` are the attributes below; they stay assignable,
+        for listeners built from the pipeline itself (a recorder takes its `quiesced`)."""
         self.runtime = runtime
         self.hugepage_sizes = frozenset(hugepage_sizes)
         """The node's hugepage sizes as runc names them ("2MB", ...): a request for another
@@ -213,7 +215,25 @@ class Pipeline:
         self.readiness = readiness
         self.placement = placement or Placement("none", ())
         self._locks = _PodLocks()
-        self._forward = {e: runtime.call(spec.path) for e, spec in INTERCEPTED.items()}
+        self.events = events
+        self._forward = {e: runtime.call(spec.path) for e, spec in events.items()}
+        self._views_of = {
+            Target.NEW_POD: self._new_pod_views,
+            Target.NEW_CONTAINER: self._new_container_views,
+            Target.POD: self._pod_views,
+            Target.CONTAINER: self._container_views,
+        }
+        self._store_effects: dict[StoreEffect, _StoreEffect] = {
+            StoreEffect.PUT_POD: self._put_pod,
+            StoreEffect.PUT_CONTAINER: self._put_container,
+            StoreEffect.CONTAINER_RESOURCES: self._container_resources,
+            StoreEffect.POD_RESOURCES: self._pod_resources,
+            StoreEffect.RUNNING: self._running,
+            StoreEffect.EXITED: self._exited,
+            StoreEffect.REMOVE_CONTAINER: self._remove_container,
+            StoreEffect.REMOVE_POD: self._remove_pod,
+            StoreEffect.NOTHING: _nothing,
+        }
         self._gate = _Gate()
         self.quiesced = self._gate.quiesced
         self.updater = updater or ContainerUpdater(
@@ -223,7 +243,7 @@ class Pipeline:
             parallel=MAX_PARALLEL if updates_after_answer else WAITED_PARALLEL,
         )
         self.updates_after_answer = updates_after_answer
-        self.describe_updates = True
+        self.describe_updates = describe_updates
         """Describe the updates a call issued in its outcome (`Outcome.updates`): for who
         reads them (a recording, a replay); O(members) for a group update."""
         self.read_back = ReadBack(runtime, store) if read_back else None
@@ -232,16 +252,16 @@ class Pipeline:
             for m in ("StopPodSandbox", "RemovePodSandbox")
         }
         self._seq = itertools.count(1)
-        self.on_unknown_outcome: Callable[[PodView], None] | None = None
+        self.on_unknown_outcome = on_unknown_outcome
         """Called when a call failed in a way that leaves the runtime's outcome unknown (the
         runtime went away, kubelet's deadline passed): the pod is reconciled soon after."""
-        self.on_outcome: Callable[[Outcome], None] | None = None
-        self.after_large: Callable[[int], None] | None = None
-        """Told the size of each request of LARGE_MESSAGE_BYTES or more, once its call
-        ended (proxy/core/memory_trim.py gives the memory back)."""
+        self.on_outcome = on_outcome
         """Told every call's outcome, with each hook's run and what the hooks asked the node
         (recording, replay); also when kubelet cancelled the call. Called on the event loop;
         must not block."""
+        self.after_large = after_large
+        """Told the size of each request of LARGE_MESSAGE_BYTES or more, once its call
+        ended (proxy/core/memory_trim.py gives the memory back)."""
 
     def next_seq(self) -> int:
         """The next number in the order calls enter the chain (a synchronize takes one too)."""
@@ -278,7 +298,9 @@ class Pipeline:
         try:
             await self._handle(outcome, deadline)
         except asyncio.CancelledError:
-            outcome.fail(KUBELET, Status(grpc.StatusCode.CANCELLED, "kubelet cancelled the call"))
+            outcome.fail(
+                Origin.KUBELET, Status(grpc.StatusCode.CANCELLED, "kubelet cancelled the call")
+            )
             self._tell(tell, outcome)
             raise
         finally:
@@ -298,7 +320,9 @@ class Pipeline:
         if not self.readiness.ready:
             outcome.ready = False
             return _refused(outcome, grpc.StatusCode.UNAVAILABLE, self.readiness.reason)
-        spec = INTERCEPTED[event]
+        spec = self.events.get(event)
+        if spec is None:  # a wiring bug: the servers route only what the table holds
+            return _refused(outcome, grpc.StatusCode.INTERNAL, f"{event.value} is not intercepted")
         try:
             request = spec.request.FromString(raw)
         except DecodeError as exc:
@@ -314,14 +338,14 @@ class Pipeline:
         )
         if problem is not None:
             return _refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, problem)
-        call = _Call(event, request)
+        call = _Call(spec, request)
         self._views(call)
         outcome.pod = call.pod
         outcome.container = call.container
         trace = outcome.trace
         async with self._locks.hold(call.lock_key), self._gate:
             if (
-                event in _WAIT_FOR_UPDATES
+                spec.waits_for_updates
                 and call.container is not None
                 and self.updater.pending(call.container.id)
             ):
@@ -344,7 +368,7 @@ class Pipeline:
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             starting = (
                 self.updater.starting(request.container_id)  # type: ignore[attr-defined]
-                if event is Event.START_CONTAINER
+                if spec.starts_container
                 else contextlib.nullcontext()
             )
             try:
@@ -359,7 +383,7 @@ class Pipeline:
                 else:
                     failure = f"the runtime answered {code.name}: {err.status.details}"
                     await self._failed(call, ran, failure, trace)
-                return outcome.fail(RUNTIME, err.status)
+                return outcome.fail(Origin.RUNTIME, err.status)
             except BaseException:
                 # kubelet gave up while the runtime was acting: it may have done it or not.
                 self._outcome_unknown(call)
@@ -442,35 +466,43 @@ class Pipeline:
 
     def _views(self, call: _Call) -> None:
         """Views from the request where it carries the config, from the store where it only
-        carries an id."""
+        carries an id (what the call names: its row's `target`)."""
+        self._views_of[call.spec.target](call)
+
+    def _new_pod_views(self, call: _Call) -> None:
+        req = call.request
+        call.pod = pod_view_from_config("", req.config, req.runtime_handler)
+
+    def _new_container_views(self, call: _Call) -> None:
+        req = call.request
+        call.pod_record = self.store.pod(req.pod_sandbox_id)
+        call.pod = (
+            call.pod_record.view
+            if call.pod_record
+            else pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
+        )
+        call.container = container_view_from_config("", call.pod, req.config)
+
+    def _pod_views(self, call: _Call) -> None:
+        req = call.request
+        call.pod_record = self.store.pod(req.pod_sandbox_id)
+        call.pod = (
+            call.pod_record.view
+            if call.pod_record
+            else PodView(id=req.pod_sandbox_id, uid="", name="", namespace="")
+        )
+
+    def _container_views(self, call: _Call) -> None:
         req = call.request
         store = self.store
-        if call.event is Event.RUN_POD_SANDBOX:
-            call.pod = pod_view_from_config("", req.config, req.runtime_handler)
-        elif call.event is Event.CREATE_CONTAINER:
-            call.pod_record = store.pod(req.pod_sandbox_id)
-            call.pod = (
-                call.pod_record.view
-                if call.pod_record
-                else pod_view_from_config(req.pod_sandbox_id, req.sandbox_config)
-            )
-            call.container = container_view_from_config("", call.pod, req.config)
-        elif call.event in _POD_ID_EVENTS:
-            call.pod_record = store.pod(req.pod_sandbox_id)
-            call.pod = (
-                call.pod_record.view
-                if call.pod_record
-                else PodView(id=req.pod_sandbox_id, uid="", name="", namespace="")
-            )
+        call.container_record = store.container(req.container_id)
+        if call.container_record is not None:
+            call.container = call.container_record.view
+            call.pod_record = store.pod(call.container.pod_id)
         else:
-            call.container_record = store.container(req.container_id)
-            if call.container_record is not None:
-                call.container = call.container_record.view
-                call.pod_record = store.pod(call.container.pod_id)
-            else:
-                call.container = ContainerView(id=req.container_id, pod_id="", name="")
-            if call.pod_record is not None:
-                call.pod = call.pod_record.view
+            call.container = ContainerView(id=req.container_id, pod_id="", name="")
+        if call.pod_record is not None:
+            call.pod = call.pod_record.view
 
     async def _pre(
         self, call: _Call, deadline: float | None, ran: list[str], trace: list[Any] | None
@@ -479,7 +511,7 @@ class Pipeline:
         whether the request changed. What the hooks reserved is on disk before this
         returns (StateWriteError if it cannot be)."""
         changed = False
-        if call.event is Event.CREATE_CONTAINER and call.pod_record is not None:
+        if call.spec.carries_pod_cgroup and call.pod_record is not None:
             # containerd places the container under the cgroup parent of the sandbox config
             # in this request: keep it equal to what the sandbox was really created with.
             sandbox_linux = call.request.sandbox_config.linux
@@ -558,7 +590,7 @@ class Pipeline:
         """The NUMA placement the topology policy picks from every hook's hints, or None."""
         if (
             self.placement.policy == "none"
-            or call.event not in HINT_EVENTS
+            or not call.spec.hints
             or not self.chain.wants(call.event, Stage.HINTS, exempt)
         ):
             return None  # no alignment asked: hints would change nothing
@@ -574,67 +606,89 @@ class Pipeline:
         return self.placement.choose(offered)
 
     def _update_store(self, call: _Call, response: Any, merger: Merger | None) -> None:
-        """Keep the store true to what the runtime now has. An answer without the id it
-        must carry is not stored (the store never holds an empty id)."""
-        event, req = call.event, call.request
-        audit = _audit(event, merger) if merger and (merger.changed or merger.refused) else {}
-        if event is Event.RUN_POD_SANDBOX:
-            if not response.pod_sandbox_id:
-                log.error("RunPodSandbox answered without a sandbox id; not stored")
-                return
-            pod_view = pod_view_from_config(
-                response.pod_sandbox_id, req.config, req.runtime_handler
-            )
-            self.store.put_pod(PodRecord(pod_view, audit))
-        elif event is Event.CREATE_CONTAINER:
-            if not response.container_id:
-                log.error("CreateContainer answered without a container id; not stored")
-                return
-            if call.pod_record is None:
-                # A pod crihook had not seen: its view, made from this request's sandbox
-                # config before the hooks ran (they cannot change that config), is kept.
-                self.store.put_pod(PodRecord(call.pod))
-            assert call.container is not None
-            changed = {key[0] for key in merger.owners} if merger else set()
-            view = container_view_updated(
-                call.container,
-                response.container_id,
-                req.config,
-                labels=Field.LABEL in changed,
-                annotations=Field.ANNOTATION in changed,
-                resources=not changed.isdisjoint(RESOURCE_FIELDS),
-                cdi_devices=Field.CDI_DEVICE in changed,
-            )
-            self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
-            if self.read_back is not None and merger is not None and merger.owners:
-                self.read_back.after_create(response.container_id, merger.owners, merger.values)
-        elif event is Event.UPDATE_CONTAINER_RESOURCES:
-            self.updater.applied_by_call(req.container_id, req.linux)
-            record = call.container_record
-            if record is None:
-                return
-            # As containerd applies it: what the update leaves unset stays as it was.
-            res = resources_updated(record.view.resources, req.linux)
-            record.view = replace(record.view, resources=res)
-            record.audit.update(audit)
-            self.store.put_container(record)
-        elif event is Event.UPDATE_POD_SANDBOX_RESOURCES and call.pod_record is not None:
-            pod_record = call.pod_record
-            res = resources_view(req.resources, call.pod.qos_class)
-            pod_record.view = replace(pod_record.view, resources=res)
-            pod_record.audit.update(audit)
-            self.store.put_pod(pod_record)
-        elif event is Event.START_CONTAINER:
-            self.store.set_state(req.container_id, ContainerState.RUNNING)
-        elif event is Event.STOP_CONTAINER:
-            self.store.set_state(req.container_id, ContainerState.EXITED)
-        elif event is Event.REMOVE_CONTAINER:
-            self.store.remove_container(req.container_id)
-            self.updater.forget(req.container_id)
-        elif event is Event.REMOVE_POD_SANDBOX:
-            for cid in [c.id for c in self.store.containers_of(req.pod_sandbox_id)]:
-                self.updater.forget(cid)
-            self.store.remove_pod(req.pod_sandbox_id)
+        """Keep the store true to what the runtime now has (what changes: the call's row's
+        `store`). An answer without the id it must carry is not stored (the store never
+        holds an empty id)."""
+        audit = _audit(call.event, merger) if merger and (merger.changed or merger.refused) else {}
+        self._store_effects[call.spec.store](call, response, merger, audit)
+
+    def _put_pod(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+        req = call.request
+        if not response.pod_sandbox_id:
+            log.error("RunPodSandbox answered without a sandbox id; not stored")
+            return
+        pod_view = pod_view_from_config(response.pod_sandbox_id, req.config, req.runtime_handler)
+        self.store.put_pod(PodRecord(pod_view, audit))
+
+    def _put_container(
+        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+    ) -> None:
+        req = call.request
+        if not response.container_id:
+            log.error("CreateContainer answered without a container id; not stored")
+            return
+        if call.pod_record is None:
+            # A pod crihook had not seen: its view, made from this request's sandbox
+            # config before the hooks ran (they cannot change that config), is kept.
+            self.store.put_pod(PodRecord(call.pod))
+        assert call.container is not None
+        changed = {key[0] for key in merger.owners} if merger else set()
+        view = container_view_updated(
+            call.container,
+            response.container_id,
+            req.config,
+            labels=Field.LABEL in changed,
+            annotations=Field.ANNOTATION in changed,
+            resources=not changed.isdisjoint(RESOURCE_FIELDS),
+            cdi_devices=Field.CDI_DEVICE in changed,
+        )
+        self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
+        if self.read_back is not None and merger is not None and merger.owners:
+            self.read_back.after_create(response.container_id, merger.owners, merger.values)
+
+    def _container_resources(
+        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+    ) -> None:
+        req = call.request
+        self.updater.applied_by_call(req.container_id, req.linux)
+        record = call.container_record
+        if record is None:
+            return
+        # As containerd applies it: what the update leaves unset stays as it was.
+        res = resources_updated(record.view.resources, req.linux)
+        record.view = replace(record.view, resources=res)
+        record.audit.update(audit)
+        self.store.put_container(record)
+
+    def _pod_resources(
+        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+    ) -> None:
+        pod_record = call.pod_record
+        if pod_record is None:
+            return
+        res = resources_view(call.request.resources, call.pod.qos_class)
+        pod_record.view = replace(pod_record.view, resources=res)
+        pod_record.audit.update(audit)
+        self.store.put_pod(pod_record)
+
+    def _running(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+        self.store.set_state(call.request.container_id, ContainerState.RUNNING)
+
+    def _exited(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+        self.store.set_state(call.request.container_id, ContainerState.EXITED)
+
+    def _remove_container(
+        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+    ) -> None:
+        container_id = call.request.container_id
+        self.store.remove_container(container_id)
+        self.updater.forget(container_id)
+
+    def _remove_pod(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+        pod_id = call.request.pod_sandbox_id
+        for cid in [c.id for c in self.store.containers_of(pod_id)]:
+            self.updater.forget(cid)
+        self.store.remove_pod(pod_id)
 
     async def _post(
         self,
@@ -669,7 +723,7 @@ class Pipeline:
                 updates.extend(post.updates)
                 groups.extend(post.groups)
             except HookRejected:
-                if call.event is Event.RUN_POD_SANDBOX:
+                if call.spec.undo_on_post_reject:
                     raise
                 log.error("post-%s refused after the runtime acted", call.event.value)
             except CrihookError as exc:
@@ -686,6 +740,10 @@ class Pipeline:
                 outcome.updates = await self.updater.send(updates, call.describe(), groups)
 
 
+def _nothing(call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+    """StopPodSandbox: the pod stays (until RemovePodSandbox)."""
+
+
 async def _then(
     flow: Coroutine[Any, Any, Outcome], tell: Callable[[int], None], size: int
 ) -> Outcome:
@@ -695,7 +753,7 @@ async def _then(
         tell(size)
 
 
-def _audit(event: Event, merger: Merger) -> dict[str, dict[str, Any]]:
+def _audit(event: Event, merger: Merger) -> _Audit:
     """The store's audit entries of one call: per field, who set it to what (hook, field
     and value, plus the call), built directly: this runs on every adjusted call.
     Changes a hook was not permitted to make are kept too, as `refused <hook>`."""
@@ -731,4 +789,4 @@ def _who(call: _Call) -> str:
 
 def _refused(outcome: Outcome, code: grpc.StatusCode, message: str) -> Outcome:
     """crihook ends the call itself (the runtime never saw it, or its answer is undone)."""
-    return outcome.fail(CRIHOOK, Status(code, f"crihook: {message}"))
+    return outcome.fail(Origin.CRIHOOK, Status(code, f"crihook: {message}"))

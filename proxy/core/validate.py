@@ -1,4 +1,4 @@
-"""What crihook requires of the eight intercepted requests before it acts on them; pure.
+"""What crihook requires of the nine intercepted requests before it acts on them; pure.
 
 The checks answer what is wrong, in words for the operator (None: nothing), for the pipeline
 to refuse the call with INVALID_ARGUMENT before any hook sees it, the store records it or the
@@ -20,6 +20,9 @@ containerd about what kubelet may leave out:
     CreateContainer    pod_sandbox_id, config.metadata, sandbox_config.metadata
     the others         the id they act on (container_id or pod_sandbox_id)
 
+(each call's checker is named in its row, crihook.proxy.cri.events, and written in
+crihook.proxy.cri.requests)
+
 Names, namespaces and attempts are not required: containerd accepts them empty.
 
 `check_resources(event, request, hugepage_sizes)`: every LinuxContainerResources the call
@@ -31,31 +34,24 @@ value when it does not; 0 stays "unset" where containerd reads it so:
     CreateContainer              config.linux.resources, and the sandbox_config's
     UpdateContainerResources     linux
     UpdatePodSandboxResources    resources, overhead
+
+(each call's `checked_resources`, in its row; the path is the `where` kubelet reads)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
 from crihook.hooks.spec.limits import resources_problem
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import EVENTS
 
-__all__ = ["MAX_KEPT_BYTES", "check_request", "check_resources", "check_wire"]
-
-MAX_KEPT_BYTES = 512 * 1024
-"""The most a pod's or a container's labels and annotations may hold together (keys and
-values, in characters): crihook keeps them in its store for every later call of that pod, so a
-request over it is refused (INVALID_ARGUMENT) before hooks or the runtime see it. Twice
-Kubernetes' own bound on a pod's annotations (256 KiB), which the API server enforces: a
-pod kubelet runs stays below it unless its labels alone are as large."""
+__all__ = ["check_request", "check_resources", "check_wire"]
 
 VARINT, FIXED64, LENGTH_DELIMITED, START_GROUP, END_GROUP, FIXED32 = range(6)
 _WIRE_NAMES = ("varint", "64-bit", "length-delimited", "start group", "end group", "32-bit")
@@ -116,7 +112,7 @@ def _declared(message: type[Message]) -> Mapping[int, _Declared]:
 _FIELDS: Mapping[Event, tuple[str, Mapping[int, _Declared]]] = MappingProxyType(
     {
         event: (spec.request.DESCRIPTOR.name, _declared(spec.request))
-        for event, spec in INTERCEPTED.items()
+        for event, spec in EVENTS.items()
     }
 )
 
@@ -195,78 +191,7 @@ def _skip(data: bytes, pos: int, number: int, wire_type: int, depth: int) -> int
 
 def check_request(event: Event, request: Message) -> str | None:
     """A part `event`'s decoded request must carry and does not; None if complete."""
-    return _REQUIRED[event](request)
-
-
-def _empty(request: Message, name: str) -> str:
-    return f"{request.DESCRIPTOR.name} {name} is empty"
-
-
-def _missing(request: Message, name: str) -> str:
-    return f"{request.DESCRIPTOR.name} has no {name}"
-
-
-def _run_pod_sandbox(request: api_pb2.RunPodSandboxRequest) -> str | None:
-    if not request.HasField("config"):
-        return _missing(request, "config")
-    if not request.config.HasField("metadata"):
-        return _missing(request, "config.metadata")
-    if not request.config.metadata.uid:
-        return _empty(request, "config.metadata.uid")
-    return _kept(request, "config", request.config)
-
-
-def _create_container(request: api_pb2.CreateContainerRequest) -> str | None:
-    if not request.pod_sandbox_id:
-        return _empty(request, "pod_sandbox_id")
-    for name, part in (("config", request.config), ("sandbox_config", request.sandbox_config)):
-        if not request.HasField(name):
-            return _missing(request, name)
-        if not part.HasField("metadata"):
-            return _missing(request, f"{name}.metadata")
-        problem = _kept(request, name, part)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _kept(request: Message, name: str, config: Any) -> str | None:
-    """Labels and annotations over MAX_KEPT_BYTES, named with their size; None if within."""
-    size = sum(len(k) + len(v) for k, v in config.labels.items())
-    size += sum(len(k) + len(v) for k, v in config.annotations.items())
-    if size <= MAX_KEPT_BYTES:
-        return None
-    return (
-        f"{request.DESCRIPTOR.name} {name}.labels and {name}.annotations hold {size} characters "
-        f"({len(config.labels)} labels, {len(config.annotations)} annotations): more than "
-        f"the {MAX_KEPT_BYTES} crihook keeps per pod or container"
-    )
-
-
-def _container_id(request: api_pb2.StartContainerRequest) -> str | None:
-    """Any request whose target is `container_id`."""
-    return None if request.container_id else _empty(request, "container_id")
-
-
-def _pod_sandbox_id(request: api_pb2.StopPodSandboxRequest) -> str | None:
-    """Any request whose target is `pod_sandbox_id`."""
-    return None if request.pod_sandbox_id else _empty(request, "pod_sandbox_id")
-
-
-# Each checker takes its event's request type (INTERCEPTED[event].request).
-_REQUIRED: Mapping[Event, Callable[[Any], str | None]] = MappingProxyType(
-    {
-        Event.RUN_POD_SANDBOX: _run_pod_sandbox,
-        Event.CREATE_CONTAINER: _create_container,
-        Event.START_CONTAINER: _container_id,
-        Event.UPDATE_CONTAINER_RESOURCES: _container_id,
-        Event.STOP_CONTAINER: _container_id,
-        Event.REMOVE_CONTAINER: _container_id,
-        Event.STOP_POD_SANDBOX: _pod_sandbox_id,
-        Event.REMOVE_POD_SANDBOX: _pod_sandbox_id,
-        Event.UPDATE_POD_SANDBOX_RESOURCES: _pod_sandbox_id,
-    }
-)
+    return EVENTS[event].required(request)
 
 
 def check_resources(
@@ -274,60 +199,10 @@ def check_resources(
 ) -> str | None:
     """The first resources field of `event`'s request the kernel or runc would refuse, named
     with its value; None if all are fine (or the call carries none)."""
-    for where, resources in _RESOURCES[event](request):
-        problem = resources_problem(resources, where, hugepage_sizes)
-        if problem is not None:
-            return f"{request.DESCRIPTOR.name} {problem}"
+    for where, holder, name in EVENTS[event].checked:
+        parent = holder(request)
+        if parent.HasField(name):
+            problem = resources_problem(getattr(parent, name), where, hugepage_sizes)
+            if problem is not None:
+                return f"{request.DESCRIPTOR.name} {problem}"
     return None
-
-
-Resources = Iterator[tuple[str, api_pb2.LinuxContainerResources]]
-
-
-def _sandbox_resources(linux: api_pb2.LinuxPodSandboxConfig, where: str) -> Resources:
-    for name in ("resources", "overhead"):
-        if linux.HasField(name):
-            yield f"{where}.{name}", getattr(linux, name)
-
-
-def _run_pod_sandbox_resources(request: api_pb2.RunPodSandboxRequest) -> Resources:
-    yield from _sandbox_resources(request.config.linux, "config.linux")
-
-
-def _create_container_resources(request: api_pb2.CreateContainerRequest) -> Resources:
-    linux = request.config.linux
-    if linux.HasField("resources"):
-        yield "config.linux.resources", linux.resources
-    yield from _sandbox_resources(request.sandbox_config.linux, "sandbox_config.linux")
-
-
-def _update_container_resources(request: api_pb2.UpdateContainerResourcesRequest) -> Resources:
-    if request.HasField("linux"):
-        yield "linux", request.linux
-
-
-def _update_pod_sandbox_resources(
-    request: api_pb2.UpdatePodSandboxResourcesRequest,
-) -> Resources:
-    for name in ("resources", "overhead"):
-        if request.HasField(name):
-            yield name, getattr(request, name)
-
-
-def _none(request: Message) -> Resources:
-    return iter(())
-
-
-_RESOURCES: Mapping[Event, Callable[[Any], Resources]] = MappingProxyType(
-    {
-        Event.RUN_POD_SANDBOX: _run_pod_sandbox_resources,
-        Event.CREATE_CONTAINER: _create_container_resources,
-        Event.START_CONTAINER: _none,
-        Event.UPDATE_CONTAINER_RESOURCES: _update_container_resources,
-        Event.STOP_CONTAINER: _none,
-        Event.REMOVE_CONTAINER: _none,
-        Event.STOP_POD_SANDBOX: _none,
-        Event.REMOVE_POD_SANDBOX: _none,
-        Event.UPDATE_POD_SANDBOX_RESOURCES: _update_pod_sandbox_resources,
-    }
-)

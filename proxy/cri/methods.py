@@ -1,4 +1,5 @@
-"""The CRI method table: which methods exist, their shapes, and which ones crihook intercepts.
+"""The CRI method table: which methods exist and their shapes (which ones crihook
+intercepts: crihook.proxy.cri.events).
 
 Known methods come from the compiled CRI descriptors, so a regenerated api.proto updates the
 table with no code change. Methods not in the table (a newer kubelet) are still forwarded, by
@@ -9,16 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
-
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec.events import Event
 
 __all__ = [
     "CRI_PACKAGE",
-    "INTERCEPTED",
     "Event",
-    "Intercepted",
     "KnownMethod",
     "known_methods",
     "method_path",
@@ -44,17 +41,6 @@ class KnownMethod:
         return self.service == IMAGE_SERVICE
 
 
-@dataclass(frozen=True)
-class Intercepted:
-    event: Event
-    request: type[Message]
-    response: type[Message]
-
-    @property
-    def path(self) -> str:
-        return method_path("RuntimeService", self.event.value)
-
-
 def method_path(service: str, name: str) -> str:
     return f"/{CRI_PACKAGE}.{service}/{name}"
 
@@ -68,15 +54,3 @@ def known_methods() -> tuple[KnownMethod, ...]:
                 KnownMethod(service.full_name, m.name, m.server_streaming, m.client_streaming)
             )
     return tuple(out)
-
-
-def _intercepted() -> dict[Event, Intercepted]:
-    table = {}
-    for event in Event:
-        request = getattr(api_pb2, f"{event.value}Request")
-        response = getattr(api_pb2, f"{event.value}Response")
-        table[event] = Intercepted(event, request, response)
-    return table
-
-
-INTERCEPTED: dict[Event, Intercepted] = _intercepted()

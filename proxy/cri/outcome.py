@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from crihook.hooks.spec import ContainerView, Event, PodView, Stage
+from crihook.proxy.cri.verdicts import Origin, Verdict
 
 __all__ = [
     "HookRun",
@@ -60,9 +61,10 @@ class HookRun(NamedTuple):
 
     hook: str
     stage: Stage
-    verdict: str
+    verdict: Verdict
     """`adjusted`, `nothing`, `hints`, `ok` (a validator), `told` (failed stage),
-    `dry-run`, `ignored` (a failure under failure_policy=ignore), `rejected`, `failed`."""
+    `dry-run`, `ignored` (a failure under failure_policy=ignore), `rejected`, `failed`,
+    `cancelled` (a Verdict: equal to these words)."""
     detail: str
     """Why: for `ignored`, `rejected`, `failed` and `dry-run` what went wrong; for `adjusted`
     and `nothing` the hook's own reason (`Adjustment.because`), or empty."""
@@ -120,14 +122,15 @@ class Outcome:
     forwarded: bytes | None = None
     response: bytes | None = None
     status: Status | None = None
-    status_origin = ""
-    """Who ended the call with `status`: `crihook`, `runtime` or `kubelet` (cancelled)."""
+    status_origin: str = ""
+    """Who ended the call with `status` (an Origin): `crihook`, `runtime` or `kubelet`
+    (cancelled); empty while it has not failed."""
     updates: Sequence[SentUpdate] = ()
     observed: list[Any] | None = None
     """What hooks asked the node and the runtime through the seams (when recording)."""
-    trace: list[tuple[Any, ...]] | None = None
-    """The hooks' runs as HookRun fields (plain tuples: cheaper), kept when someone listens
-    to the outcomes (recording, replay): serving alone pays nothing for them."""
+    trace: list[HookRun] | None = None
+    """The hooks' runs, kept when someone listens to the outcomes (recording, replay):
+    serving alone pays nothing for them."""
 
     def __init__(self, event: Event, received: bytes, metadata: Metadata | None) -> None:
         self.event = event
@@ -136,7 +139,8 @@ class Outcome:
 
     @property
     def hooks(self) -> list[HookRun]:
-        """Each hook's part in the call, in the order they ran (when traced)."""
+        """Each hook's part in the call, in the order they ran (when traced; also from a
+        trace of plain tuples in HookRun's order)."""
         return [HookRun._make(run) for run in self.trace or ()]
 
     @property
@@ -144,7 +148,7 @@ class Outcome:
         """The request was forwarded with changes."""
         return self.forwarded is not None and self.forwarded is not self.received
 
-    def fail(self, origin: str, status: Status) -> Outcome:
+    def fail(self, origin: Origin, status: Status) -> Outcome:
         self.status_origin = origin
         self.status = status
         return self

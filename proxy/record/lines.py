@@ -54,7 +54,7 @@ from crihook.hooks.spec import (
     TopologyHint,
 )
 from crihook.hooks.spec.adjustment import Field, describe_key, parse_key
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from crihook.proxy.cri.outcome import HookRun, Metadata, Observation, Outcome, SentUpdate, Status
 from crihook.proxy.cri.values import from_jsonable, jsonable
 from crihook.proxy.record.redact import REDACTED, Redactor

@@ -19,6 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from crihook.hooks.spec import Event
+from crihook.proxy.cri.events import EVENTS, Secret
 
 __all__ = ["REDACTED", "Redactor"]
 
@@ -57,18 +58,16 @@ class Redactor:
 
     def request(self, event: Event, message: Any) -> bool:
         """Redact an intercepted request in place (only where its secrets are: env values,
-        annotations); whether anything changed. Cheaper than `message`."""
+        annotations, as its row says); whether anything changed. Cheaper than `message`."""
         if not self.enabled:
             return False
-        if event is Event.CREATE_CONTAINER:
-            changed = self._envs(message.config.envs)
-            changed |= self._annotations(message.config.annotations)
-            return self._annotations(message.sandbox_config.annotations) or changed
-        if event is Event.RUN_POD_SANDBOX:
-            return self._annotations(message.config.annotations)
-        if event is Event.UPDATE_CONTAINER_RESOURCES:
-            return self._annotations(message.annotations)
-        return False
+        changed = False
+        for part, kind in EVENTS[event].secret_parts:  # each evaluated: all are redacted
+            if kind is Secret.ENVS:
+                changed = self._envs(part(message)) or changed
+            else:
+                changed = self._annotations(part(message)) or changed
+        return changed
 
     def _envs(self, envs: Any) -> bool:
         changed = False

@@ -23,7 +23,7 @@ import grpc
 
 from crihook.hooks.node import Topology, TopologyError
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView
-from crihook.proxy.chain.chain import BreakerRecord
+from crihook.proxy.chain.breaker import BreakerRecord
 from crihook.proxy.config import HookSettings
 from crihook.proxy.config_doc import plugin_settings
 from crihook.proxy.errors import ConfigError

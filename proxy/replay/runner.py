@@ -48,7 +48,7 @@ from crihook.proxy.core.pipeline import Pipeline
 from crihook.proxy.core.placement import Placement
 from crihook.proxy.core.sync import Synchronizer, SyncReport
 from crihook.proxy.core.updates import ContainerUpdater
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.cri.events import INTERCEPTED
 from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.errors import ConfigError

@@ -22,7 +22,8 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
-from crihook.proxy.chain.chain import BreakerRecord, Chain, ChainEntry, is_exempt
+from crihook.proxy.chain.breaker import BreakerRecord
+from crihook.proxy.chain.chain import Chain, ChainEntry, is_exempt
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
 from crihook.proxy.config import ChainSettings, HookSettings

@@ -51,8 +51,9 @@ from crihook.hooks.spec.views import (
     pod_view_from_config,
 )
 from crihook.proxy import config as config_module
-from crihook.proxy.chain.merge import ALLOWED_FIELDS, Merger
+from crihook.proxy.chain.merge import Merger
 from crihook.proxy.config import load_config, settings_from_toml
+from crihook.proxy.cri.events import ALLOWED_FIELDS
 from crihook.proxy.errors import ConfigError, HookConflict, HookInvalidAdjustment
 from tests.lab.kubelet_encoding import PodSpec, container_config, sandbox_config
 from tests.unit.hook_harness import SMALL, Node, burstable, guaranteed, topology_of

@@ -24,10 +24,10 @@ from crihook.hooks.spec.events import Event
 from crihook.proxy.chain.merge import (
     _PARTS,
     _WRITERS,
-    ALLOWED_FIELDS,
     Merger,
     apply_change,
 )
+from crihook.proxy.cri.events import ALLOWED_FIELDS
 from crihook.proxy.cri.values import jsonable
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 

@@ -14,7 +14,7 @@ import pytest
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.node import Topology
 from crihook.hooks.node.topology import CPUInfo
-from crihook.proxy.chain.chain import BreakerRecord
+from crihook.proxy.chain.breaker import BreakerRecord
 from crihook.proxy.config import Settings
 from crihook.proxy.config_doc import settings_doc
 from crihook.proxy.record.lines import FORMAT

@@ -9,8 +9,9 @@ from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import Event
-from crihook.proxy.core.validate import MAX_KEPT_BYTES, check_request, check_resources, check_wire
-from crihook.proxy.cri.methods import INTERCEPTED
+from crihook.proxy.core.validate import check_request, check_resources, check_wire
+from crihook.proxy.cri.events import INTERCEPTED
+from crihook.proxy.cri.requests import MAX_KEPT_BYTES
 
 
 def varint(value: int) -> bytes:

@@ -20,9 +20,10 @@ import grpc.aio
 
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
+from crihook.proxy.cri.events import EVENTS, EventSpec
 from crihook.proxy.cri.handler import CallObserver, Intercept
 from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH
-from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.cri.methods import CRI_PACKAGE, known_methods
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.wire.grpc.passthrough import (
     Observer,
@@ -118,14 +119,16 @@ def build_server(
     observers: Mapping[str, Observer] | None = None,
     recorder: Any = None,
     metrics: CallObserver | None = None,
+    events: Mapping[Event, EventSpec] = EVENTS,
 ) -> grpc.aio.Server:
     """`observers`: method name (`RestorePod`) → told the runtime's answer to a forwarded
     call that succeeded; the bytes pass unchanged. `recorder` (`--record-all`): its
     `passthrough` is told every unary call forwarded as bytes. `metrics`: told how every
-    forwarded call ended (intercepted ones are counted from their outcome)."""
+    forwarded call ended (intercepted ones are counted from their outcome). `events`: the
+    methods given to the pipeline (crihook.proxy.cri.events); every other is forwarded."""
     record: PassthroughRecord | None = recorder.passthrough if recorder is not None else None
     server = grpc.aio.server(options=server_options(max_message_bytes))
-    intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
+    intercepted = {spec.path: event for event, spec in events.items()}
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for method in known_methods():
         image = method.is_image_service

@@ -57,8 +57,9 @@ from crihook.api.h2.protocol import H2Protocol
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.cri import handler
+from crihook.proxy.cri.events import EVENTS, EventSpec
 from crihook.proxy.cri.method_labels import OTHER_METHOD, PASSTHROUGH, method_label
-from crihook.proxy.cri.methods import CRI_PACKAGE, INTERCEPTED, known_methods
+from crihook.proxy.cri.methods import CRI_PACKAGE, known_methods
 from crihook.proxy.cri.outcome import Status
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.cri.runtime import RuntimeCallFailed
@@ -663,7 +664,10 @@ class H2Server:
         observers: Mapping[str, Observer] | None = None,
         record: PassthroughRecord | None = None,
         metrics: handler.CallObserver | None = None,
+        events: Mapping[Event, EventSpec] = EVENTS,
     ) -> None:
+        """`events`: the methods given to the pipeline (crihook.proxy.cri.events); every
+        other is forwarded."""
         self.runtime = runtime
         self.pipeline = pipeline
         self.readiness = readiness
@@ -674,7 +678,7 @@ class H2Server:
         self.flusher: Flusher = runtime.flusher
         self.connections: set[KubeletConnection] = set()
         self.routes: dict[str, Route] = {}
-        intercepted = {spec.path: event for event, spec in INTERCEPTED.items()}
+        intercepted = {spec.path: event for event, spec in events.items()}
         for method in known_methods():
             if method.path in intercepted:
                 self.routes[method.path] = intercepted[method.path]
