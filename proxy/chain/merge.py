@@ -9,7 +9,7 @@ configured precedence (earlier in the list wins).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from google.protobuf.message import Message

@@ -14,7 +14,8 @@ from typing import Any
 from crihook import __version__
 from crihook.hooks.node import Topology
 from crihook.hooks.spec import ContainerView, PodView
-from crihook.proxy.chain.chain import BreakerRecord, Chain
+from crihook.proxy.chain.breaker import BreakerRecord
+from crihook.proxy.chain.chain import Chain
 from crihook.proxy.config import HookSettings, Settings
 from crihook.proxy.config_doc import plugin_docs, settings_doc
 from crihook.proxy.cri.outcome import Observation, SentUpdate
