@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -256,16 +256,16 @@ class Chain:
         )
 
     # --- running a stage ---------------------------------------------------------------------
-    async def pre(self, call: ChainCall) -> Merged:
+    def pre(self, call: ChainCall) -> Coroutine[Any, Any, Merged]:
         """Run every subscribed hook of the pre stage on `call.request` (changed in place,
         unless dry-run); returns the merge. A required hook (config, or the pod's annotation)
         that does not run successfully fails the call whatever its failure policy."""
-        return await self._stage(call, Stage.PRE)
+        return self._stage(call, Stage.PRE)  # not awaited here: no second frame per call
 
-    async def post(self, call: ChainCall, response: Message) -> Merged:
+    def post(self, call: ChainCall, response: Message) -> Coroutine[Any, Any, Merged]:
         """Run every subscribed hook of the post stage, which sees the runtime's answer."""
         call.response = response
-        return await self._stage(call, Stage.POST)
+        return self._stage(call, Stage.POST)
 
     async def _stage(self, call: ChainCall, stage: Stage) -> Merger:
         """A pre or post stage. Raises a HookError/HookConflict/HookRequired that must fail
@@ -453,22 +453,29 @@ class Chain:
         stages see the placement, only the post stage the runtime's answer; the failed stage
         runs on its hooks' timeouts alone (kubelet may have gone) and is told the exemption
         as the configuration has it now."""
+        deadline, exempt, affinity, response = call.deadline, call.exempt, None, None
+        if stage is Stage.PRE:
+            affinity = call.affinity
+        elif stage is Stage.POST:
+            affinity, response = call.affinity, call.response
+        elif stage is Stage.FAILED:
+            deadline, exempt = None, self.exempt(call.pod)
         timeout = entry.timeout
-        deadline = call.deadline if stage is not Stage.FAILED else None
         if deadline is not None:
             timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
         state = self._state_for(entry.base_name)
-        response = call.response if stage is Stage.POST else None
-        ctx = HookContext(
-            call.event, stage, call.pod, call.container, call.request, response, state, timeout
+        return HookContext(
+            call.event,
+            stage,
+            call.pod,
+            call.container,
+            call.request,
+            response,
+            state,
+            timeout,
+            affinity=affinity,
+            exempt=exempt,
         )
-        if stage is Stage.FAILED:
-            ctx.exempt = self.exempt(call.pod)
-        else:
-            ctx.exempt = call.exempt
-            if stage is Stage.PRE or stage is Stage.POST:
-                ctx.affinity = call.affinity
-        return ctx
 
     async def _adjustment(
         self,
