@@ -37,6 +37,7 @@ from crihook.hooks.examples.annotate import AnnotateHook
 from crihook.hooks.examples.guard import GuardHook
 from crihook.hooks.spec import Event, Hook, HookContext, Reject, Stage
 from crihook.hooks.spec.views import container_view_from_config, pod_view_from_config
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.chain import Chain, ChainEntry
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.config import ChainSettings, HookSettings
@@ -99,9 +100,10 @@ async def _one(chain: Chain | None) -> int:
     container = container_view_from_config("", pod, request.config)
     if chain is not None:
         event = Event.CREATE_CONTAINER
-        merger = await chain.run(event, Stage.PRE, pod, container, request, None, None)
+        call = ChainCall(event, pod, container, request)
+        merger = await chain.pre(call)
         if chain.wants(event, Stage.VALIDATE):  # as the pipeline: only with a validator
-            await chain.run_validate(event, pod, container, request, merger, None)
+            await chain.validate(call, merger)
         assert merger.changed
     return time.perf_counter_ns() - start
 

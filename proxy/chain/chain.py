@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -36,7 +36,6 @@ from crihook.hooks.spec import (
     Adjustment,
     ChainHook,
     ContainerUpdate,
-    ContainerView,
     Event,
     Forbidden,
     HookContext,
@@ -50,8 +49,9 @@ from crihook.hooks.spec import (
 )
 from crihook.hooks.spec.adjustment import describe_key
 from crihook.proxy.chain.breaker import Breaker, BreakerRecord
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.local_hooks import LocalHook
-from crihook.proxy.chain.merge import Merger
+from crihook.proxy.chain.merge import Merged, Merger
 from crihook.proxy.chain.permissions import Permissions
 from crihook.proxy.config import ChainSettings, HookSettings
 from crihook.proxy.cri.events import EVENTS
@@ -256,37 +256,30 @@ class Chain:
         )
 
     # --- running a stage ---------------------------------------------------------------------
-    async def run(
-        self,
-        event: Event,
-        stage: Stage,
-        pod: PodView,
-        container: ContainerView | None,
-        request: Message,
-        response: Message | None,
-        deadline: float | None,
-        *,
-        exempt: bool = False,
-        affinity: TopologyHint | None = None,
-        ran: list[str] | None = None,
-        trace: list[Any] | None = None,
-    ) -> Merger:
-        """Run every subscribed hook of a pre or post stage; returns the merge (request
-        changed in place unless dry-run). Raises a HookError/HookConflict/HookRequired that
-        must fail the call. `ran` collects the hooks called (for the failed stage), also when
-        it raises; `trace` each hook's verdict, adjustment and time. In the pre stage, a
-        required hook (config, or the pod's annotation) that does not run successfully fails
-        the call whatever its failure policy."""
-        merger = Merger(event, request, self.settings.conflict, self.settings.precedence)
+    def pre(self, call: ChainCall) -> Coroutine[Any, Any, Merged]:
+        """Run every subscribed hook of the pre stage on `call.request` (changed in place,
+        unless dry-run); returns the merge. A required hook (config, or the pod's annotation)
+        that does not run successfully fails the call whatever its failure policy."""
+        return self._stage(call, Stage.PRE)  # not awaited here: no second frame per call
+
+    def post(self, call: ChainCall, response: Message) -> Coroutine[Any, Any, Merged]:
+        """Run every subscribed hook of the post stage, which sees the runtime's answer."""
+        call.response = response
+        return self._stage(call, Stage.POST)
+
+    async def _stage(self, call: ChainCall, stage: Stage) -> Merger:
+        """A pre or post stage. Raises a HookError/HookConflict/HookRequired that must fail
+        the call. `call.ran` collects the hooks called (for the failed stage), also when it
+        raises; `call.trace` each hook's verdict, adjustment and time."""
+        event, pod, exempt, ran, trace = call.event, call.pod, call.exempt, call.ran, call.trace
+        merger = Merger(event, call.request, self.settings.conflict, self.settings.precedence)
         post = stage is Stage.POST
         required = self._required(event, pod) if stage is Stage.PRE else _NOT_REQUIRED
         for entry in self.entries:
             must = required.get(entry.base_name)
             if not self._runs(entry, event, stage, exempt, must):
                 continue
-            ctx = self._context(entry, event, stage, pod, container, request, response, deadline)
-            ctx.affinity = affinity
-            ctx.exempt = exempt
+            ctx = self._context(entry, call, stage)
             if ran is not None:
                 ran.append(entry.name)
             started = perf_counter()
@@ -335,30 +328,18 @@ class Chain:
                 raise
         return merger
 
-    async def run_validate(
-        self,
-        event: Event,
-        pod: PodView,
-        container: ContainerView | None,
-        request: Message,
-        merger: Merger,
-        deadline: float | None,
-        *,
-        exempt: bool = False,
-        trace: list[Any] | None = None,
-    ) -> None:
-        """Every validator, on the final request: a Reject fails the call (HookRejected); a
-        validator's failure follows its policy (required validators fail the call)."""
-        owners = {describe_key(key): hook for key, hook in merger.owners.items()}
+    async def validate(self, call: ChainCall, merged: Merged) -> None:
+        """Every validator, on the final request (`call.request`) and who set what in it
+        (`merged`): a Reject fails the call (HookRejected); a validator's failure follows its
+        policy (required validators fail the call)."""
+        event, pod, exempt, trace = call.event, call.pod, call.exempt, call.trace
+        owners = {describe_key(key): hook for key, hook in merged.owned()[0].items()}
         required = self._required(event, pod)
         for entry in self.entries:
             must = required.get(entry.base_name)
             if not self._runs(entry, event, Stage.VALIDATE, exempt, must):
                 continue
-            ctx = self._context(
-                entry, event, Stage.VALIDATE, pod, container, request, None, deadline
-            )
-            ctx.exempt = exempt
+            ctx = self._context(entry, call, Stage.VALIDATE)
             ctx.owners = owners
             started = perf_counter()
             verdict, why = Verdict.OK, ""
@@ -412,25 +393,15 @@ class Chain:
         why = "it is disabled" if not entry.settings.enabled else "the pod is exempt from it"
         raise HookRequired(f"hook {entry.name!r} is required by {must}, and {why}")
 
-    async def run_hints(
-        self,
-        event: Event,
-        pod: PodView,
-        container: ContainerView | None,
-        request: Message,
-        deadline: float | None,
-        *,
-        exempt: bool = False,
-        trace: list[Any] | None = None,
-    ) -> list[tuple[str, ResourceHints]]:
+    async def hints(self, call: ChainCall) -> list[tuple[str, ResourceHints]]:
         """Every subscribed hook's NUMA hints, in chain order. A failing hook under
         `ignore` offers none; under `fail` the call fails."""
+        event, pod, exempt, trace = call.event, call.pod, call.exempt, call.trace
         offered: list[tuple[str, ResourceHints]] = []
         for entry in self.entries:
             if not entry.wants(event, Stage.HINTS, exempt):
                 continue
-            ctx = self._context(entry, event, Stage.HINTS, pod, container, request, None, deadline)
-            ctx.exempt = exempt
+            ctx = self._context(entry, call, Stage.HINTS)
             started = perf_counter()
             verdict, why, hints = Verdict.NOTHING, "", None
             try:
@@ -451,26 +422,17 @@ class Chain:
                 trace.append(_run(entry.name, Stage.HINTS, verdict, why, hints, started))
         return offered
 
-    async def run_failed(
-        self,
-        event: Event,
-        names: Sequence[str],
-        pod: PodView,
-        container: ContainerView | None,
-        request: Message,
-        failure: str,
-        trace: list[Any] | None = None,
-    ) -> None:
-        """Tell the named hooks (their pre stage ran) that the call failed or their
+    async def failed(self, call: ChainCall, failure: str) -> None:
+        """Tell the hooks in `call.ran` (their pre stage ran) that the call failed or their
         adjustment was not applied. Never raises: a hook's failure here is logged and
         counted, and each hook has its own timeout (kubelet may already have gone)."""
-        wanted = set(names)
+        event, pod, trace = call.event, call.pod, call.trace
+        wanted = set(call.ran or ())
         for entry in self.entries:
             if entry.name not in wanted or (event, Stage.FAILED) not in entry.hook.subscriptions():
                 continue
-            ctx = self._context(entry, event, Stage.FAILED, pod, container, request, None, None)
+            ctx = self._context(entry, call, Stage.FAILED)
             ctx.failure = failure
-            ctx.exempt = self.exempt(pod)
             started = perf_counter()
             verdict, why = Verdict.TOLD, failure
             try:
@@ -486,22 +448,28 @@ class Chain:
             if trace is not None:
                 trace.append(_run(entry.name, Stage.FAILED, verdict, why, None, started))
 
-    def _context(
-        self,
-        entry: ChainEntry,
-        event: Event,
-        stage: Stage,
-        pod: PodView,
-        container: ContainerView | None,
-        request: Message,
-        response: Message | None,
-        deadline: float | None,
-    ) -> HookContext:
+    def _context(self, entry: ChainEntry, call: ChainCall, stage: Stage) -> HookContext:
+        """The one place a hook's context is made from the call. Only the pre stage sees the
+        placement, only the post stage the runtime's answer; the failed stage runs on its
+        hooks' timeouts alone (kubelet may have gone) and is told the exemption as the
+        configuration has it now."""
+        deadline = call.deadline if stage is not Stage.FAILED else None
         timeout = entry.timeout
         if deadline is not None:
             timeout = min(timeout, max(deadline - time.monotonic() - _RUNTIME_RESERVE, 0.001))
         state = self._state_for(entry.base_name)
-        return HookContext(event, stage, pod, container, request, response, state, timeout)
+        response = call.response if stage is Stage.POST else None
+        ctx = HookContext(
+            call.event, stage, call.pod, call.container, call.request, response, state, timeout
+        )
+        # Set after: keyword arguments cost HookContext() half as much again, per hook.
+        if stage is Stage.FAILED:
+            ctx.exempt = self.exempt(call.pod)
+        else:
+            ctx.exempt = call.exempt
+            if stage is Stage.PRE:
+                ctx.affinity = call.affinity
+        return ctx
 
     async def _adjustment(
         self,

@@ -9,8 +9,9 @@ configured precedence (earlier in the list wins).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from google.protobuf.message import Message
 
@@ -28,9 +29,12 @@ from crihook.hooks.spec.adjustment import (
 )
 from crihook.hooks.spec.events import Event
 from crihook.proxy.cri.events import EVENTS, EventSpec
+from crihook.proxy.cri.values import jsonable
 from crihook.proxy.errors import HookConflict, HookInvalidAdjustment
 
 __all__ = [
+    "Audit",
+    "Merged",
     "Merger",
     "PendingGroup",
     "PendingUpdate",
@@ -77,6 +81,42 @@ def stamp(hook: str, updates: Iterable[ContainerUpdate]) -> list[PendingUpdate]:
     return [PendingUpdate(hook, u, next(_ORDER)) for u in updates]
 
 
+Audit = dict[str, dict[str, Any]]
+"""The store's audit entries of one call, by field (or `refused <hook>`)."""
+
+
+class Merged(Protocol):
+    """What a stage's merge tells the pipeline (a `Merger` is one): what changed, what was
+    not applied, the updates to send, and who set what (for the audit and the read-back).
+    The merging itself, and who owns what while it goes on, stay the chain's."""
+
+    @property
+    def changed(self) -> bool:
+        """Some hook's adjustment was applied to the request."""
+        ...
+
+    @property
+    def unapplied(self) -> Mapping[str, str]:
+        """Hook → why its adjustment was not applied (dry-run, an ignored failure)."""
+        ...
+
+    @property
+    def updates(self) -> Sequence[PendingUpdate]: ...
+
+    @property
+    def groups(self) -> Sequence[PendingGroup]: ...
+
+    def audit(self) -> Audit:
+        """Per field, who set it to what; the changes refused; empty when neither."""
+        ...
+
+    def changed_fields(self) -> set[Field]: ...
+
+    def owned(self) -> tuple[Mapping[FieldKey, str], Mapping[FieldKey, Any]]:
+        """Who set each field, and to what (the read-back compares them with the runtime)."""
+        ...
+
+
 class Merger:
     """Merges the adjustments of one call. One instance per intercepted call."""
 
@@ -105,6 +145,40 @@ class Merger:
     @property
     def changed(self) -> bool:
         return bool(self.owners)
+
+    def changed_fields(self) -> set[Field]:
+        return {key[0] for key in self.owners}
+
+    def owned(self) -> tuple[Mapping[FieldKey, str], Mapping[FieldKey, Any]]:
+        return self.owners, self.values
+
+    def audit(self) -> Audit:
+        """The store's audit entries of this call: per field, who set it to what (hook,
+        field and value, plus the call), built directly: this runs on every adjusted call.
+        Changes a hook was not permitted to make are kept too, as `refused <hook>`."""
+        if not (self.owners or self.refused):
+            return {}
+        now, name, values = time.time(), self.event.value, self.values
+        entries = {}
+        for key, hook in self.owners.items():
+            label = describe_key(key)
+            value = jsonable(values[key])
+            entries[label] = {
+                "hook": hook,
+                "field": label,
+                "value": value,
+                "event": name,
+                "at": now,
+            }
+        for refusal in self.refused:
+            hook = refusal["hook"]
+            entries[f"refused {hook}"] = {
+                "hook": hook,
+                "refused": refusal["fields"],
+                "event": name,
+                "at": now,
+            }
+        return entries
 
     def validate(self, hook: str, adjustment: Adjustment, post: bool) -> None:
         """Refuse fields the call cannot carry, before anything is applied."""

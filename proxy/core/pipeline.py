@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError, Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec import ContainerState, ContainerView, Event, PodView, Stage
-from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field, describe_key
+from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field
 from crihook.hooks.spec.views import (
     container_view_from_config,
     container_view_updated,
@@ -35,8 +35,9 @@ from crihook.hooks.spec.views import (
     resources_updated,
     resources_view,
 )
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.chain import Chain
-from crihook.proxy.chain.merge import Merger
+from crihook.proxy.chain.merge import Audit, Merged
 from crihook.proxy.core import observe
 from crihook.proxy.core.memory_trim import LARGE_MESSAGE_BYTES
 from crihook.proxy.core.placement import Placement
@@ -48,7 +49,6 @@ from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import Metadata, Outcome, Status
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed
-from crihook.proxy.cri.values import jsonable
 from crihook.proxy.cri.verdicts import Origin
 from crihook.proxy.errors import CrihookError, HookRejected
 from crihook.proxy.state.records import ContainerRecord, PodRecord
@@ -68,8 +68,7 @@ _UNKNOWN_OUTCOME = frozenset(
 )
 
 
-_Audit = dict[str, dict[str, Any]]
-_StoreEffect = Callable[["_Call", Any, "Merger | None", _Audit], None]
+_StoreEffect = Callable[["_Call", Any, "Merged | None", Audit], None]
 """What the store keeps of a call the runtime answered OK: (call, response, merger, audit)."""
 
 
@@ -413,11 +412,10 @@ class Pipeline:
         the pod lock is still held, so a retry cannot overtake the release."""
         if not ran:
             return
-        task = asyncio.ensure_future(
-            self.chain.run_failed(
-                call.event, ran, call.pod, call.container, call.request, failure, trace
-            )
+        told = ChainCall(
+            call.event, call.pod, call.container, call.request, spec=call.spec, ran=ran, trace=trace
         )
+        task = asyncio.ensure_future(self.chain.failed(told, failure))
         cancelled = False
         while not task.done():
             try:
@@ -430,7 +428,7 @@ class Pipeline:
             self.store.write_behind()
 
     async def _not_applied(
-        self, call: _Call, unapplied: dict[str, str], trace: list[Any] | None
+        self, call: _Call, unapplied: Mapping[str, str], trace: list[Any] | None
     ) -> None:
         """Hooks whose adjustment was not applied (dry-run, an ignored failure) release what
         they took, as for a failed call."""
@@ -506,7 +504,7 @@ class Pipeline:
 
     async def _pre(
         self, call: _Call, deadline: float | None, ran: list[str], trace: list[Any] | None
-    ) -> tuple[Merger | None, bool]:
+    ) -> tuple[Merged | None, bool]:
         """Hints, placement and the pre stage. The merger (None when no hook ran) and
         whether the request changed. What the hooks reserved is on disk before this
         returns (StateWriteError if it cannot be)."""
@@ -526,30 +524,29 @@ class Pipeline:
         validate = chain.wants(call.event, Stage.VALIDATE, exempt)
         if not (validate or required or chain.wants(call.event, Stage.PRE, exempt)):
             return None, changed
-        affinity = await self._place(call, deadline, exempt, trace)
+        hooked = ChainCall(
+            call.event,
+            call.pod,
+            call.container,
+            call.request,
+            spec=call.spec,
+            deadline=deadline,
+            exempt=exempt,
+            ran=ran,
+            trace=trace,
+        )
+        hooked.affinity = await self._place(hooked)
         dry_run = chain.settings.dry_run
         # Global dry-run: every hook runs on a copy; the log shows what the chain would do,
         # the runtime and the store get what kubelet sent.
-        target = call.request
         if dry_run:
             target = type(call.request)()
             target.CopyFrom(call.request)
+            hooked.request = target
         with self.store.track_changes() as changes:
-            merger = await chain.run(
-                call.event,
-                Stage.PRE,
-                call.pod,
-                call.container,
-                target,
-                None,
-                deadline,
-                exempt=exempt,
-                affinity=affinity,
-                ran=ran,
-                trace=trace,
-            )
+            merger = await chain.pre(hooked)
         if validate or required:
-            await self._validate(call, target, merger, deadline, exempt, dry_run, trace)
+            await self._validate(call, hooked, merger, dry_run)
         if changes.last:
             await self.store.write_ahead(changes.last)  # on disk before the runtime acts
         if dry_run:
@@ -557,62 +554,35 @@ class Pipeline:
         return merger, changed or merger.changed
 
     async def _validate(
-        self,
-        call: _Call,
-        request: Message,
-        merger: Merger,
-        deadline: float | None,
-        exempt: bool,
-        dry_run: bool,
-        trace: list[Any] | None,
+        self, call: _Call, hooked: ChainCall, merger: Merged, dry_run: bool
     ) -> None:
         """Validators see the request as it would be forwarded and who set what; a refusal
         fails the call before anything reaches the runtime (in dry-run it is logged)."""
         try:
-            await self.chain.run_validate(
-                call.event,
-                call.pod,
-                call.container,
-                request,
-                merger,
-                deadline,
-                exempt=exempt,
-                trace=trace,
-            )
+            await self.chain.validate(hooked, merger)
         except HookRejected as exc:
             if not dry_run:
                 raise
             log.info("dry-run: %s would refuse the call", exc, extra=call.describe())
 
-    async def _place(
-        self, call: _Call, deadline: float | None, exempt: bool, trace: list[Any] | None
-    ) -> Any:
+    async def _place(self, hooked: ChainCall) -> Any:
         """The NUMA placement the topology policy picks from every hook's hints, or None."""
         if (
             self.placement.policy == "none"
-            or not call.spec.hints
-            or not self.chain.wants(call.event, Stage.HINTS, exempt)
+            or not hooked.spec.hints
+            or not self.chain.wants(hooked.event, Stage.HINTS, hooked.exempt)
         ):
             return None  # no alignment asked: hints would change nothing
-        offered = await self.chain.run_hints(
-            call.event,
-            call.pod,
-            call.container,
-            call.request,
-            deadline,
-            exempt=exempt,
-            trace=trace,
-        )
-        return self.placement.choose(offered)
+        return self.placement.choose(await self.chain.hints(hooked))
 
-    def _update_store(self, call: _Call, response: Any, merger: Merger | None) -> None:
+    def _update_store(self, call: _Call, response: Any, merger: Merged | None) -> None:
         """Keep the store true to what the runtime now has (what changes: the call's row's
         `store`). An answer without the id it must carry is not stored (the store never
         holds an empty id)."""
-        audit = _audit(call.event, merger) if merger and (merger.changed or merger.refused) else {}
+        audit = merger.audit() if merger is not None else {}
         self._store_effects[call.spec.store](call, response, merger, audit)
 
-    def _put_pod(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+    def _put_pod(self, call: _Call, response: Any, merger: Merged | None, audit: Audit) -> None:
         req = call.request
         if not response.pod_sandbox_id:
             log.error("RunPodSandbox answered without a sandbox id; not stored")
@@ -621,7 +591,7 @@ class Pipeline:
         self.store.put_pod(PodRecord(pod_view, audit))
 
     def _put_container(
-        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+        self, call: _Call, response: Any, merger: Merged | None, audit: Audit
     ) -> None:
         req = call.request
         if not response.container_id:
@@ -632,7 +602,7 @@ class Pipeline:
             # config before the hooks ran (they cannot change that config), is kept.
             self.store.put_pod(PodRecord(call.pod))
         assert call.container is not None
-        changed = {key[0] for key in merger.owners} if merger else set()
+        changed = merger.changed_fields() if merger is not None else set()
         view = container_view_updated(
             call.container,
             response.container_id,
@@ -643,11 +613,11 @@ class Pipeline:
             cdi_devices=Field.CDI_DEVICE in changed,
         )
         self.store.put_container(ContainerRecord(view, audit, state=ContainerState.CREATED))
-        if self.read_back is not None and merger is not None and merger.owners:
-            self.read_back.after_create(response.container_id, merger.owners, merger.values)
+        if self.read_back is not None and merger is not None and merger.changed:
+            self.read_back.after_create(response.container_id, *merger.owned())
 
     def _container_resources(
-        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+        self, call: _Call, response: Any, merger: Merged | None, audit: Audit
     ) -> None:
         req = call.request
         self.updater.applied_by_call(req.container_id, req.linux)
@@ -661,7 +631,7 @@ class Pipeline:
         self.store.put_container(record)
 
     def _pod_resources(
-        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+        self, call: _Call, response: Any, merger: Merged | None, audit: Audit
     ) -> None:
         pod_record = call.pod_record
         if pod_record is None:
@@ -671,20 +641,20 @@ class Pipeline:
         pod_record.audit.update(audit)
         self.store.put_pod(pod_record)
 
-    def _running(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+    def _running(self, call: _Call, response: Any, merger: Merged | None, audit: Audit) -> None:
         self.store.set_state(call.request.container_id, ContainerState.RUNNING)
 
-    def _exited(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+    def _exited(self, call: _Call, response: Any, merger: Merged | None, audit: Audit) -> None:
         self.store.set_state(call.request.container_id, ContainerState.EXITED)
 
     def _remove_container(
-        self, call: _Call, response: Any, merger: Merger | None, audit: _Audit
+        self, call: _Call, response: Any, merger: Merged | None, audit: Audit
     ) -> None:
         container_id = call.request.container_id
         self.store.remove_container(container_id)
         self.updater.forget(container_id)
 
-    def _remove_pod(self, call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+    def _remove_pod(self, call: _Call, response: Any, merger: Merged | None, audit: Audit) -> None:
         pod_id = call.request.pod_sandbox_id
         for cid in [c.id for c in self.store.containers_of(pod_id)]:
             self.updater.forget(cid)
@@ -694,7 +664,7 @@ class Pipeline:
         self,
         call: _Call,
         response: Message,
-        pre: Merger | None,
+        pre: Merged | None,
         deadline: float | None,
         ran: list[str],
         outcome: Outcome,
@@ -708,18 +678,18 @@ class Pipeline:
         exempt = self.chain.exempt(call.pod)
         if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
             try:
-                post = await self.chain.run(
+                hooked = ChainCall(
                     call.event,
-                    Stage.POST,
                     call.pod,
                     call.container,
                     call.request,
-                    response,
-                    deadline,
+                    spec=call.spec,
+                    deadline=deadline,
                     exempt=exempt,
                     ran=ran,
                     trace=outcome.trace,
                 )
+                post = await self.chain.post(hooked, response)
                 updates.extend(post.updates)
                 groups.extend(post.groups)
             except HookRejected:
@@ -740,7 +710,7 @@ class Pipeline:
                 outcome.updates = await self.updater.send(updates, call.describe(), groups)
 
 
-def _nothing(call: _Call, response: Any, merger: Merger | None, audit: _Audit) -> None:
+def _nothing(call: _Call, response: Any, merger: Merged | None, audit: Audit) -> None:
     """StopPodSandbox: the pod stays (until RemovePodSandbox)."""
 
 
@@ -751,27 +721,6 @@ async def _then(
         return await flow
     finally:
         tell(size)
-
-
-def _audit(event: Event, merger: Merger) -> _Audit:
-    """The store's audit entries of one call: per field, who set it to what (hook, field
-    and value, plus the call), built directly: this runs on every adjusted call.
-    Changes a hook was not permitted to make are kept too, as `refused <hook>`."""
-    now, name, values = time.time(), event.value, merger.values
-    entries = {}
-    for key, hook in merger.owners.items():
-        label = describe_key(key)
-        value = jsonable(values[key])
-        entries[label] = {"hook": hook, "field": label, "value": value, "event": name, "at": now}
-    for refusal in merger.refused:
-        hook = refusal["hook"]
-        entries[f"refused {hook}"] = {
-            "hook": hook,
-            "refused": refusal["fields"],
-            "event": name,
-            "at": now,
-        }
-    return entries
 
 
 def _gone(exc: BaseException, when: str) -> str:

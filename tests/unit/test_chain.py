@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -23,6 +23,7 @@ from crihook.hooks.spec import (
     Stage,
 )
 from crihook.proxy.chain.breaker import BreakerRecord
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.chain import Chain, ChainEntry, is_exempt
 from crihook.proxy.chain.local_hooks import LocalHook
 from crihook.proxy.chain.merge import Merger
@@ -112,15 +113,9 @@ async def run_create(
     request: api_pb2.CreateContainerRequest | None = None,
     deadline: float | None = None,
 ) -> Merger:
-    return await chain.run(
-        Event.CREATE_CONTAINER,
-        Stage.PRE,
-        POD,
-        CONTAINER,
-        request if request is not None else create_request(),
-        None,
-        deadline,
-    )
+    request = request if request is not None else create_request()
+    call = ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, request, deadline=deadline)
+    return cast(Merger, await chain.pre(call))  # the Merger itself: its owners are read
 
 
 def annotate(key: str, value: str) -> Answer:
@@ -264,7 +259,11 @@ async def test_subscriptions_follow_implemented_methods() -> None:
         (Event.START_CONTAINER, Stage.POST),
         (Event.CREATE_CONTAINER, Stage.PRE),
     ]:
-        await chain.run(event, stage, POD, CONTAINER, start, None, None)
+        call = ChainCall(event, POD, CONTAINER, start)
+        if stage is Stage.PRE:
+            await chain.pre(call)
+        else:
+            await chain.post(call, api_pb2.StartContainerResponse())
     assert calls == [
         (Event.START_CONTAINER, Stage.POST),
         (Event.CREATE_CONTAINER, Stage.PRE),
@@ -525,7 +524,7 @@ async def test_an_adjustment_the_call_cannot_carry_is_invalid() -> None:
     chain = make_chain([make_entry(EnvOnPod(), "10-env")])
     request = api_pb2.RunPodSandboxRequest(config=api_pb2.PodSandboxConfig())
     with pytest.raises(HookInvalidAdjustment) as info:
-        await chain.run(Event.RUN_POD_SANDBOX, Stage.PRE, POD, None, request, None, None)
+        await chain.pre(ChainCall(Event.RUN_POD_SANDBOX, POD, None, request))
     assert info.value.hook == "10-env"
     assert "env 'FOO'" in str(info.value)
 
@@ -944,8 +943,8 @@ async def test_a_hooks_reason_is_traced_with_its_verdict_and_changes_nothing() -
     )
     request = create_request()
     trace: list[Any] = []
-    merger = await chain.run(
-        Event.CREATE_CONTAINER, Stage.PRE, POD, CONTAINER, request, None, None, trace=trace
+    merger: Any = await chain.pre(
+        ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, request, trace=trace)
     )
     runs = [(t[0], t[2], t[3]) for t in trace]
     assert runs == [
@@ -969,14 +968,9 @@ async def test_hooks_that_see_exempt_pods_are_told_they_are(namespace: str, exem
 
     chain = make_chain([make_entry(Counter(), "10-counter")], exempt_namespaces=("kube-system",))
     pod = PodView(id="sb1", uid="u1", name="p", namespace=namespace)
-    await chain.run(
-        Event.CREATE_CONTAINER,
-        Stage.PRE,
-        pod,
-        CONTAINER,
-        create_request(),
-        None,
-        None,
-        exempt=chain.exempt(pod),
+    await chain.pre(
+        ChainCall(
+            Event.CREATE_CONTAINER, pod, CONTAINER, create_request(), exempt=chain.exempt(pod)
+        )
     )
     assert seen == [exempt]

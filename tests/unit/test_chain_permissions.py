@@ -25,6 +25,7 @@ from crihook.hooks.spec import (
     ResourceDelta,
     Stage,
 )
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.chain import Chain
 from crihook.proxy.chain.permissions import _DECIDED_MAX, Permissions
 from crihook.proxy.config import HookSettings
@@ -53,15 +54,8 @@ class Returns(Hook):
 
 
 async def run(chain: Chain, pod: PodView = POD, exempt: bool = False) -> Any:
-    return await chain.run(
-        Event.CREATE_CONTAINER,
-        Stage.PRE,
-        pod,
-        CONTAINER,
-        create_request(),
-        None,
-        None,
-        exempt=exempt,
+    return await chain.pre(
+        ChainCall(Event.CREATE_CONTAINER, pod, CONTAINER, create_request(), exempt=exempt)
     )
 
 
@@ -174,10 +168,9 @@ async def test_the_trace_keeps_what_the_chain_refused(policy: str) -> None:
     answer = Adjustment().set_env("SECRET", "x")
     chain = make_chain([make_entry(Returns(answer), "50-p", failure_policy=policy)])
     trace: list[Any] = []
-    call = chain.run(
-        Event.CREATE_CONTAINER, Stage.PRE, POD, CONTAINER, create_request(), None, None,
-        trace=trace,
-    )  # fmt: skip
+    call = chain.pre(
+        ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), trace=trace)
+    )
     if policy == "fail":
         with pytest.raises(HookNotPermitted):
             await call
@@ -316,9 +309,10 @@ async def test_a_validator_sees_the_final_request_and_owners_and_may_refuse() ->
     setter = make_entry(Returns(Adjustment().set_annotation("a/b", "evil")), "10-setter")
     chain = make_chain([setter, make_entry(Validator(seen), "90-guard")])
     request = create_request()
-    merger = await chain.run(Event.CREATE_CONTAINER, Stage.PRE, POD, CONTAINER, request, None, None)
+    call = ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, request)
+    merger = await chain.pre(call)
     with pytest.raises(HookRejected) as info:
-        await chain.run_validate(Event.CREATE_CONTAINER, POD, CONTAINER, request, merger, None)
+        await chain.validate(call, merger)
     assert seen == [{"annotation 'a/b'": "10-setter"}]
     assert "'90-guard'" in str(info.value) and "set by 10-setter" in str(info.value)
 
@@ -389,9 +383,7 @@ async def test_teardown_is_never_refused_for_a_required_hook() -> None:
         assert chain.requires(Event.CREATE_CONTAINER, POD)
         assert not chain.requires(Event.STOP_CONTAINER, POD)
         request = api_pb2.StopContainerRequest(container_id="c1")
-        merger = await chain.run(
-            Event.STOP_CONTAINER, Stage.PRE, POD, CONTAINER, request, None, None
-        )
+        merger = await chain.pre(ChainCall(Event.STOP_CONTAINER, POD, CONTAINER, request))
         assert not merger.changed
 
 

@@ -24,6 +24,7 @@ from crihook.hooks.spec import (
     TopologyHint,
     subscriptions_of,
 )
+from crihook.proxy.chain.call import ChainCall
 from crihook.proxy.chain.chain import Chain
 from crihook.proxy.chain.local_hooks import load_local_hook
 from crihook.proxy.config import HookSettings
@@ -69,8 +70,8 @@ def reserving(log: list[tuple[str, str, str]], name: str, **kw: Any) -> Any:
 
 
 async def run(chain: Chain, pod: PodView = POD, **kw: Any) -> Any:
-    return await chain.run(
-        Event.CREATE_CONTAINER, Stage.PRE, pod, CONTAINER, create_request(), None, None, **kw
+    return await chain.pre(
+        ChainCall(Event.CREATE_CONTAINER, pod, CONTAINER, create_request(), **kw)
     )
 
 
@@ -90,8 +91,9 @@ async def test_ran_names_every_hook_called_even_when_the_chain_fails() -> None:
     with pytest.raises(HookRejected):
         await run(chain, ran=ran)
     assert ran == ["10-a", "20-b"]
-    await chain.run_failed(
-        Event.CREATE_CONTAINER, ran, POD, CONTAINER, create_request(), "hook 20-b rejected"
+    await chain.failed(
+        ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), ran=ran),
+        "hook 20-b rejected",
     )
     assert log == [
         ("10-a", "pre", "web"),
@@ -121,12 +123,9 @@ async def test_failed_stage_errors_and_timeouts_are_counted_not_raised() -> None
             reserving(log, "30-ok"),
         ]
     )
-    await chain.run_failed(
-        Event.CREATE_CONTAINER,
-        ["10-broken", "20-hung", "30-ok"],
-        POD,
-        CONTAINER,
-        create_request(),
+    ran = ["10-broken", "20-hung", "30-ok"]
+    await chain.failed(
+        ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), ran=ran),
         "runtime said no",
     )
     counters = {e.name: e.counters for e in chain.entries}
@@ -227,7 +226,7 @@ async def test_hints_are_collected_in_chain_order() -> None:
             make_entry(Hinting(cpu), "20-cpuset"),
         ]
     )
-    offered = await chain.run_hints(Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), None)
+    offered = await chain.hints(ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request()))
     assert offered == [("20-cpuset", cpu), ("30-numa", memory)]
 
 
@@ -247,14 +246,14 @@ async def test_bad_hints_follow_the_failure_policy(
 ) -> None:
     chain = make_chain([make_entry(Hinting(answer), "20-h", failure_policy=policy)])
     if raises is None:
-        offered = await chain.run_hints(
-            Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), None
+        offered = await chain.hints(
+            ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request())
         )
         assert offered == []
         assert chain.entries[0].counters["ignored"] == 1
     else:
         with pytest.raises(raises):
-            await chain.run_hints(Event.CREATE_CONTAINER, POD, CONTAINER, create_request(), None)
+            await chain.hints(ChainCall(Event.CREATE_CONTAINER, POD, CONTAINER, create_request()))
 
 
 async def test_affinity_reaches_the_pre_stage() -> None:
