@@ -103,7 +103,11 @@ class App:
             if settings.server.data_path == "h2"
             else RuntimeClient(settings.runtime)
         )
-        self.store = Store(settings.state_dir, journal_in_thread(settings.state_dir))
+        self.store = Store(
+            settings.state_dir,
+            journal_in_thread(settings.state_dir),
+            status_provider=self.status,
+        )
         self.chain = Chain(settings.chain, self.store.hook_state)
         placement = Placement(settings.node.topology_policy, self.node.numa_nodes)
         self.memory_trim = MemoryTrim()
@@ -166,6 +170,8 @@ class App:
             cgroups=cgroups,
             netlink=netlink,
             staging=staging,
+            on_sync=self._record_sync if self.recorder is not None else None,
+            quiesced=self.pipeline.quiesced,
         )
         self.metrics: Metrics | None = None
         if settings.server.metrics_listen is not None:
@@ -189,7 +195,6 @@ class App:
         listeners: list[Callable[[Outcome], None]] = []
         if self.recorder is not None:
             listeners.append(self.recorder.call)
-            self.sync.on_sync = self._record_sync
         if self.metrics is not None:
             listeners.append(self.metrics.outcome)
         if call_log.log.isEnabledFor(logging.INFO):
@@ -198,7 +203,6 @@ class App:
         # the synchronizer its updater): they are told after it is made.
         self.pipeline.on_outcome = _tell_all(listeners)
         self.pipeline.on_unknown_outcome = self.sync.reconcile_soon
-        self.sync.quiesced = self.pipeline.quiesced
         builtin = {h.base_name for h in settings.chain.hooks}
         self.plugins = PluginDirectory(
             settings.chain.plugins_dir,
@@ -209,7 +213,6 @@ class App:
             on_change=self._record_plugins if self.recorder is not None else None,
             sockets=crihook_sockets(settings),
         )
-        self.store.status_provider = self.status
         self.started_at = time.time()
         self.stopped_at: float | None = None
         """Set when the shutdown begins: the last status.json says crihook is not running."""

@@ -135,6 +135,12 @@ def netns_from_verbose_info(info: Mapping[str, str]) -> str | None:
     return None
 
 
+@contextlib.asynccontextmanager
+async def _no_calls() -> AsyncIterator[None]:
+    """No pipeline to wait for (a Synchronizer on its own, in tests)."""
+    yield
+
+
 class Synchronizer:
     def __init__(
         self,
@@ -151,6 +157,9 @@ class Synchronizer:
         cgroups: PodCgroups | None = None,
         netlink: Netlink | None = None,
         staging: Staging | None = None,
+        *,
+        on_sync: Callable[[SyncReport], None] | None = None,
+        quiesced: Callable[[], AbstractAsyncContextManager[None]] = _no_calls,
     ) -> None:
         self.chain = chain
         self.topology_policy = topology_policy
@@ -165,12 +174,13 @@ class Synchronizer:
         self.cgroups = cgroups
         self.netlink = netlink
         self.staging = staging
-        self.on_sync: Callable[[SyncReport], None] | None = None
+        self.on_sync = on_sync
         """Told every synchronize (recording)."""
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.failures = 0
-        self.quiesced: Callable[[], AbstractAsyncContextManager[None]] = _no_calls
+        self.quiesced = quiesced
+        """Waits until no intercepted call is in flight (the pipeline's), around a sync."""
 
     async def refresh_resources(self, only: Collection[str] | None = None) -> int:
         """Take the resources of the known containers in `only` (None: all) from the runtime
@@ -415,9 +425,3 @@ class Synchronizer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-@contextlib.asynccontextmanager
-async def _no_calls() -> AsyncIterator[None]:
-    """Until the pipeline's gate is wired in: nothing to wait for."""
-    yield

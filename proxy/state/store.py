@@ -213,7 +213,13 @@ class _Plan:
 
 
 class Store:
-    def __init__(self, state_dir: Path, journal_in_thread: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        journal_in_thread: bool = False,
+        *,
+        status_provider: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
@@ -261,7 +267,8 @@ class Store:
         self.journal_in_thread = journal_in_thread
         """Journal lines are written from a worker thread: the state directory is on a file
         system that can block (network, FUSE), which the caller found out (app.py)."""
-        self.status_provider: Callable[[], dict[str, Any]] | None = None
+        self.status_provider = status_provider
+        """What status.json says, rewritten every second while crihook runs (app's status)."""
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
