@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crihook.proxy.state.directory import HOOKS_DIR, LOCK_FILE, state_dir_holder
+from crihook.proxy.state.journal import journal_files
 from crihook.proxy.state.records_journal import apply_records, read_records
 from crihook.proxy.state.store import STATUS_FILE, STORE_FILE, apply_journal, read_journal
 
@@ -33,12 +34,7 @@ def load_state(state_dir: Path) -> dict[str, Any]:
     records = read_records(state_dir)
     store = _read(state_dir / STORE_FILE) or {"pods": {}, "containers": {}}
     apply_records(records, store)
-    hooks_dir = state_dir / HOOKS_DIR
-    # What calls wrote ahead since crihook's last compaction (at most seconds ago, or
-    # before it stopped) is in the journal; read first (read_journal says why).
-    journal = read_journal(hooks_dir)
-    hooks = {p.stem: _read(p) for p in sorted(hooks_dir.glob("*.json"))}
-    apply_journal(journal, hooks)
+    hooks = _hook_states(state_dir / HOOKS_DIR)
     return {
         "status": _read(state_dir / STATUS_FILE),
         "process": process_of(state_dir),
@@ -46,6 +42,38 @@ def load_state(state_dir: Path) -> dict[str, Any]:
         "containers": store.get("containers", {}),
         "hook_states": hooks,
     }
+
+
+# How often the hook states are read again while crihook keeps writing the journal under the
+# reader; past it the last read is shown (crihook writes at most a line per call).
+HOOK_STATE_READS = 5
+
+
+def _journal_stamp(hooks_dir: Path) -> list[tuple[str, int]]:
+    stamp = []
+    for _, path in journal_files(hooks_dir):
+        try:
+            stamp.append((path.name, path.stat().st_size))
+        except FileNotFoundError:
+            stamp.append((path.name, -1))
+    return stamp
+
+
+def _hook_states(hooks_dir: Path) -> dict[str, Any]:
+    """Each hook's state: its state file with the journal lines written ahead since the last
+    compaction (at most seconds ago, or before crihook stopped), the journal read first
+    (read_journal says why). Read again while the journal changed during the read: a line
+    appended after the journal was read, then compacted into a state file before that was
+    read, would leave the older line replayed over the newer file (a key deleted since
+    would show again)."""
+    for _ in range(HOOK_STATE_READS):
+        before = _journal_stamp(hooks_dir)
+        journal = read_journal(hooks_dir)
+        hooks = {p.stem: _read(p) for p in sorted(hooks_dir.glob("*.json"))}
+        if _journal_stamp(hooks_dir) == before:
+            break
+    apply_journal(journal, hooks)
+    return hooks
 
 
 def process_of(state_dir: Path) -> dict[str, int | None] | None:

@@ -50,8 +50,11 @@ the audit by the fields hooks may set, and the newest MAX_UPDATE_ERRORS refused 
 oldest first; a torn last line of a crash is skipped and named. Records journal files
 numbered up to the one store.json names are skipped (store.json holds them). Each hook
 journal line carries a key's value as it was when the line was written, and every change
-reaches the hook journal before the compaction that covers it, so replaying an old hook
-journal file over newer state files changes nothing. A store.json written before the
+reaches the hook journal before the compaction that covers it, so replaying a whole old hook
+journal file over newer state files changes nothing. Only a reader that runs beside crihook
+can see part of a file (lines appended after it read the file, then compacted into a state
+file before it read that): `crihook state` reads again when the journal changed under it.
+A store.json written before the
 records journal existed (no `"journal"`) loads as the snapshot it is, and is rewritten in
 the new layout at the first compaction.
 
@@ -123,7 +126,8 @@ MAX_UPDATE_ERRORS = 10
 def read_journal(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
     """The lines of the hook journal files in `hooks_dir`, oldest file first. Read them
     before the state files when crihook may be running: a compaction between the two reads
-    then leaves old lines over new files (harmless), never new files missing the lines."""
+    then leaves old lines over new files, never new files missing the lines; the caller reads
+    again if the journal changed meanwhile (ops/state_cli.py)."""
     found = []
     for _, path in journal_files(hooks_dir):
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from crihook.proxy.ops import state_cli
 from crihook.proxy.ops.state_cli import load_state
 from crihook.proxy.state import store as store_module
 from crihook.proxy.state.records_journal import records_files
@@ -251,3 +252,29 @@ async def test_a_crash_s_leftover_journal_is_compacted_after_the_flush_before_re
         assert {"sb-x", "sb-y"} <= set(snapshot(tmp_path)["pods"])
     finally:
         await again.close()
+
+
+def test_crihook_state_reads_again_when_a_compaction_ran_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`crihook state` reads the hook journal, then the state files. crihook keeps going in
+    between: a resize settles (its key deleted) and a compaction takes the journal into the
+    state file. Replaying the line read before over the newer file would show the resize
+    pending again."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    journal = hooks / "journal-1.jsonl"
+    pending = {"c1": {"from": 64, "to": 96}}
+    journal.write_text(json.dumps({"numa": {"set": {"resizing": pending}}}) + "\n")
+    (hooks / "numa.json").write_text(json.dumps({"resizing": pending}))
+    real = state_cli.read_journal
+
+    def crihook_compacts_meanwhile(hooks_dir: Path) -> list[tuple[Path, list[bytes]]]:
+        read = real(hooks_dir)
+        if journal.exists():  # the resize settled, then a compaction ran
+            (hooks / "numa.json").write_text(json.dumps({"placed": 96}))
+            journal.unlink()
+        return read
+
+    monkeypatch.setattr(state_cli, "read_journal", crihook_compacts_meanwhile)
+    assert load_state(tmp_path)["hook_states"]["numa"] == {"placed": 96}
