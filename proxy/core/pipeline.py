@@ -156,7 +156,17 @@ class _Gate:
 class _Call:
     """What the pipeline knows about one intercepted call."""
 
-    __slots__ = ("container", "container_record", "event", "pod", "pod_record", "request", "spec")
+    __slots__ = (
+        "container",
+        "container_record",
+        "event",
+        "exempt",
+        "hooked",
+        "pod",
+        "pod_record",
+        "request",
+        "spec",
+    )
 
     def __init__(self, spec: EventSpec, request: Any) -> None:
         self.spec = spec
@@ -166,6 +176,10 @@ class _Call:
         self.container: ContainerView | None = None
         self.pod_record: PodRecord | None = None
         self.container_record: ContainerRecord | None = None
+        self.exempt: bool | None = None
+        """Whether the pod is exempt from the hooks: worked out once, for both stages."""
+        self.hooked: ChainCall | None = None
+        """The call as the chain sees it: made once, for the pre and the post stage."""
 
     @property
     def lock_key(self) -> str:
@@ -520,21 +534,11 @@ class Pipeline:
         required = chain.requires(call.event, call.pod)
         if not chain.entries and not required:
             return None, changed
-        exempt = chain.exempt(call.pod)
+        exempt = self._exempt(call)
         validate = chain.wants(call.event, Stage.VALIDATE, exempt)
         if not (validate or required or chain.wants(call.event, Stage.PRE, exempt)):
             return None, changed
-        hooked = ChainCall(
-            call.event,
-            call.pod,
-            call.container,
-            call.request,
-            spec=call.spec,
-            deadline=deadline,
-            exempt=exempt,
-            ran=ran,
-            trace=trace,
-        )
+        hooked = self._hooked(call, deadline, ran, trace)
         hooked.affinity = await self._place(hooked)
         dry_run = chain.settings.dry_run
         # Global dry-run: every hook runs on a copy; the log shows what the chain would do,
@@ -552,6 +556,28 @@ class Pipeline:
         if dry_run:
             return merger, changed
         return merger, changed or merger.changed
+
+    def _exempt(self, call: _Call) -> bool:
+        if call.exempt is None:
+            call.exempt = self.chain.exempt(call.pod)
+        return call.exempt
+
+    def _hooked(
+        self, call: _Call, deadline: float | None, ran: list[str], trace: list[Any] | None
+    ) -> ChainCall:
+        if call.hooked is None:
+            call.hooked = ChainCall(
+                call.event,
+                call.pod,
+                call.container,
+                call.request,
+                spec=call.spec,
+                deadline=deadline,
+                exempt=self._exempt(call),
+                ran=ran,
+                trace=trace,
+            )
+        return call.hooked
 
     async def _validate(
         self, call: _Call, hooked: ChainCall, merger: Merged, dry_run: bool
@@ -675,20 +701,10 @@ class Pipeline:
         undone."""
         updates = list(pre.updates) if pre else []
         groups = list(pre.groups) if pre else []
-        exempt = self.chain.exempt(call.pod)
-        if self.chain.entries and self.chain.wants(call.event, Stage.POST, exempt):
+        if self.chain.entries and self.chain.wants(call.event, Stage.POST, self._exempt(call)):
             try:
-                hooked = ChainCall(
-                    call.event,
-                    call.pod,
-                    call.container,
-                    call.request,
-                    spec=call.spec,
-                    deadline=deadline,
-                    exempt=exempt,
-                    ran=ran,
-                    trace=outcome.trace,
-                )
+                hooked = self._hooked(call, deadline, ran, outcome.trace)
+                hooked.request = call.request  # a global dry-run's pre stage ran on a copy
                 post = await self.chain.post(hooked, response)
                 updates.extend(post.updates)
                 groups.extend(post.groups)
