@@ -53,12 +53,16 @@ from crihook.hooks.spec import ContainerUpdate, ContainerView, GroupUpdate, Reso
 from crihook.hooks.spec.views import ResourcesView, resources_updated
 from crihook.proxy.chain.merge import PendingGroup, PendingUpdate, next_order
 from crihook.proxy.core.histogram import Histogram
-from crihook.proxy.cri.methods import method_path
 from crihook.proxy.cri.outcome import SentUpdate, Status
 from crihook.proxy.cri.runtime import Runtime, RuntimeCallFailed, UnaryCall
 from crihook.proxy.state.records import ContainerRecord
 from crihook.proxy.state.store import Store
-from crihook.proxy.state.unsettled import ContainerUpdateCall, Unsettled, UnsettledRuntime
+from crihook.proxy.state.unsettled import (
+    UPDATE_PATH,
+    ContainerUpdateCall,
+    Unsettled,
+    UnsettledRuntime,
+)
 
 __all__ = [
     "MAX_PARALLEL",
@@ -88,7 +92,6 @@ WINDOW_BUCKETS = (
 """Seconds: from due to applied; kubelet's own CPU manager lives with up to 10 s."""
 WALK_STEP = 16
 """Members of a group update marked due at a time, as the queue runs dry."""
-_UPDATE_PATH = method_path("RuntimeService", "UpdateContainerResources")
 
 
 class _Due(NamedTuple):
@@ -169,7 +172,7 @@ class ContainerUpdater:
             self._update = runtime.container_update()
             self._ahead = runtime.unsettled
         else:
-            self._update = _by_request(runtime.call(_UPDATE_PATH))
+            self._update = _by_request(runtime.call(UPDATE_PATH))
         self._store = store
         self._targets: dict[str, _Target] = {}
         self._queue: collections.deque[_Target] = collections.deque()

@@ -116,7 +116,7 @@ class Unsettled:
             entry = self._open.get(cid)
             if entry is None:
                 entry = self._open[cid] = _Entry(0, 0)
-            if entry.gen != self._gen:
+            if entry.gen != self._gen:  # not in the file being written (new, or rotated away)
                 entry.gen = self._gen
                 tick = tick or self._tick()
                 entry.touched = tick
@@ -130,16 +130,8 @@ class Unsettled:
     def mark(self, container_id: str) -> None:
         """Before an UpdateContainerResources of `container_id` goes to the runtime. Never
         raises: a mark that cannot be written makes the next start ask about everyone."""
-        entry = self._open.get(container_id)
-        if entry is None:
-            entry = self._open[container_id] = _Entry(0, 0)
-        if entry.gen != self._gen:  # not in the file being written (new, or rotated away)
-            entry.gen = self._gen
-            if not self._broken:
-                try:
-                    self._append(f"{container_id}\n")
-                except OSError as exc:
-                    self._lost(exc)
+        self.ahead((container_id,))  # written unless the file being written names it
+        entry = self._open[container_id]
         entry.pending += 1
         entry.touched = self._tick()
 
