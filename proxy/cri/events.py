@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec.adjustment import RESOURCE_FIELDS, Field
-from crihook.hooks.spec.events import Event
+from crihook.hooks.spec.events import HINT_EVENTS, Event
 from crihook.proxy.cri import requests
 from crihook.proxy.cri.methods import method_path
 
@@ -86,43 +86,47 @@ def _getter(path: str) -> Callable[[Any], Any]:
 
 @dataclass(frozen=True, slots=True)
 class EventSpec:
-    """One intercepted call. The fields after `secrets` are computed from the others."""
+    """One intercepted call: what it names, what the store keeps of it and what it must
+    carry; the rest defaults to what the id-only calls (stop, remove) have. The fields after
+    `secrets` are computed from the others (the CRI types from the method's name, the hints
+    from the hook API's `HINT_EVENTS`)."""
 
     event: Event
-    request: type[Message]
-    response: type[Message]
     target: Target
-    fields: frozenset[Field]
-    """What hooks may change in the request at the pre stage (none at post)."""
-    resources_at: str | None
-    """Dotted path of the LinuxContainerResources (or UpdateContainerResources' `linux`)
-    hooks adjust; None: the call carries none."""
-    maps_at: str | None
-    """Dotted path of the message holding the labels and annotations hooks adjust ("": the
-    request itself, which has annotations only); None: the call carries none."""
+    store: StoreEffect
     required: Callable[[Any], str | None]
     """What is missing from the request (crihook.proxy.cri.requests), or None."""
-    checked_resources: tuple[str, ...]
+    fields: frozenset[Field] = frozenset()
+    """What hooks may change in the request at the pre stage (none at post). Empty: the call
+    carries only ids, and hooks there may only update other containers."""
+    resources_at: str | None = None
+    """Dotted path of the LinuxContainerResources (or UpdateContainerResources' `linux`)
+    hooks adjust; None: the call carries none."""
+    maps_at: str | None = None
+    """Dotted path of the message holding the labels and annotations hooks adjust ("": the
+    request itself, which has annotations only); None: the call carries none."""
+    checked_resources: tuple[str, ...] = ()
     """Dotted paths of the resources checked at the door, each only if the request carries it.
     The path is the `where` of the refusal kubelet reads: keep them as they are."""
-    requires_hooks: bool
+    requires_hooks: bool = False
     """Required hooks hold here (where a pod or container is made or shaped; teardown is never
     refused for them: refusing it would only keep alive what already runs)."""
-    hints: bool
-    """Hooks are asked for NUMA hints (agrees with hooks.spec.events.HINT_EVENTS)."""
-    waits_for_updates: bool
+    waits_for_updates: bool = False
     """A call on a container that first waits for the update due to it (issued by another
     pod's call): kubelet and the hooks then see the resources crihook gave it."""
-    starts_container: bool
+    starts_container: bool = False
     """The container starts: updates due to it wait until the runtime answered."""
-    carries_pod_cgroup: bool
+    carries_pod_cgroup: bool = False
     """The request's sandbox config gets the cgroup parent the pod was created with."""
-    undo_on_post_reject: bool
+    undo_on_post_reject: bool = False
     """A hook refusing the call at the post stage undoes what the runtime made."""
-    store: StoreEffect
-    secrets: tuple[tuple[str, Secret], ...]
+    secrets: tuple[tuple[str, Secret], ...] = ()
     """Dotted paths of the parts a recording redacts, in order."""
 
+    request: type[Message] = field(init=False, compare=False)
+    response: type[Message] = field(init=False, compare=False)
+    hints: bool = field(init=False, compare=False)
+    """Hooks are asked for NUMA hints (hooks.spec.events.HINT_EVENTS decides)."""
     path: str = field(init=False, compare=False)
     """The gRPC method path: /runtime.v1.RuntimeService/<method>."""
     resources: Callable[[Any], Any] | None = field(init=False, compare=False, repr=False)
@@ -140,6 +144,9 @@ class EventSpec:
         def computed(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
+        computed("request", getattr(api_pb2, f"{self.event.value}Request"))
+        computed("response", getattr(api_pb2, f"{self.event.value}Response"))
+        computed("hints", self.event in HINT_EVENTS)
         computed("path", method_path("RuntimeService", self.event.value))
         computed("resources", None if self.resources_at is None else _getter(self.resources_at))
         if self.maps_at is None:
@@ -168,14 +175,9 @@ _CONTAINER_FIELDS = RESOURCE_FIELDS | {
     Field.ENV,
     Field.CDI_DEVICE,
 }
-_IDS_ONLY: frozenset[Field] = frozenset()
-"""Start/Stop/Remove carry only ids: hooks there may only update other containers."""
-
 _ROWS = (
     EventSpec(
         Event.RUN_POD_SANDBOX,
-        api_pb2.RunPodSandboxRequest,
-        api_pb2.RunPodSandboxResponse,
         Target.NEW_POD,
         fields=frozenset(_NO_OOM | {Field.CGROUP_PARENT, Field.LABEL, Field.ANNOTATION}),
         resources_at="config.linux.resources",
@@ -183,18 +185,12 @@ _ROWS = (
         required=requests.run_pod_sandbox,
         checked_resources=("config.linux.resources", "config.linux.overhead"),
         requires_hooks=True,
-        hints=True,
-        waits_for_updates=False,
-        starts_container=False,
-        carries_pod_cgroup=False,
         undo_on_post_reject=True,
         store=StoreEffect.PUT_POD,
         secrets=(("config.annotations", Secret.ANNOTATIONS),),
     ),
     EventSpec(
         Event.CREATE_CONTAINER,
-        api_pb2.CreateContainerRequest,
-        api_pb2.CreateContainerResponse,
         Target.NEW_CONTAINER,
         fields=frozenset(_CONTAINER_FIELDS),
         resources_at="config.linux.resources",
@@ -206,11 +202,7 @@ _ROWS = (
             "sandbox_config.linux.overhead",
         ),
         requires_hooks=True,
-        hints=True,
-        waits_for_updates=False,
-        starts_container=False,
         carries_pod_cgroup=True,
-        undo_on_post_reject=False,
         store=StoreEffect.PUT_CONTAINER,
         secrets=(
             ("config.envs", Secret.ENVS),
@@ -220,27 +212,15 @@ _ROWS = (
     ),
     EventSpec(
         Event.START_CONTAINER,
-        api_pb2.StartContainerRequest,
-        api_pb2.StartContainerResponse,
         Target.CONTAINER,
-        fields=_IDS_ONLY,
-        resources_at=None,
-        maps_at=None,
         required=requests.container_id,
-        checked_resources=(),
         requires_hooks=True,
-        hints=False,
         waits_for_updates=True,
         starts_container=True,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.RUNNING,
-        secrets=(),
     ),
     EventSpec(
         Event.UPDATE_CONTAINER_RESOURCES,
-        api_pb2.UpdateContainerResourcesRequest,
-        api_pb2.UpdateContainerResourcesResponse,
         Target.CONTAINER,
         fields=frozenset(RESOURCE_FIELDS | {Field.ANNOTATION}),
         resources_at="linux",
@@ -248,108 +228,45 @@ _ROWS = (
         required=requests.container_id,
         checked_resources=("linux",),
         requires_hooks=True,
-        hints=False,
         waits_for_updates=True,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.CONTAINER_RESOURCES,
         secrets=(("annotations", Secret.ANNOTATIONS),),
     ),
     EventSpec(
         Event.STOP_CONTAINER,
-        api_pb2.StopContainerRequest,
-        api_pb2.StopContainerResponse,
         Target.CONTAINER,
-        fields=_IDS_ONLY,
-        resources_at=None,
-        maps_at=None,
         required=requests.container_id,
-        checked_resources=(),
-        requires_hooks=False,
-        hints=False,
         waits_for_updates=True,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.EXITED,
-        secrets=(),
     ),
     EventSpec(
         Event.REMOVE_CONTAINER,
-        api_pb2.RemoveContainerRequest,
-        api_pb2.RemoveContainerResponse,
         Target.CONTAINER,
-        fields=_IDS_ONLY,
-        resources_at=None,
-        maps_at=None,
         required=requests.container_id,
-        checked_resources=(),
-        requires_hooks=False,
-        hints=False,
         waits_for_updates=True,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.REMOVE_CONTAINER,
-        secrets=(),
     ),
     EventSpec(
         Event.STOP_POD_SANDBOX,
-        api_pb2.StopPodSandboxRequest,
-        api_pb2.StopPodSandboxResponse,
         Target.POD,
-        fields=_IDS_ONLY,
-        resources_at=None,
-        maps_at=None,
         required=requests.pod_sandbox_id,
-        checked_resources=(),
-        requires_hooks=False,
-        hints=False,
-        waits_for_updates=False,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.NOTHING,
-        secrets=(),
     ),
     EventSpec(
         Event.REMOVE_POD_SANDBOX,
-        api_pb2.RemovePodSandboxRequest,
-        api_pb2.RemovePodSandboxResponse,
         Target.POD,
-        fields=_IDS_ONLY,
-        resources_at=None,
-        maps_at=None,
         required=requests.pod_sandbox_id,
-        checked_resources=(),
-        requires_hooks=False,
-        hints=False,
-        waits_for_updates=False,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.REMOVE_POD,
-        secrets=(),
     ),
     EventSpec(
         Event.UPDATE_POD_SANDBOX_RESOURCES,
-        api_pb2.UpdatePodSandboxResourcesRequest,
-        api_pb2.UpdatePodSandboxResourcesResponse,
         Target.POD,
         fields=frozenset(_NO_OOM),
         resources_at="resources",
-        maps_at=None,
         required=requests.pod_sandbox_id,
         checked_resources=("resources", "overhead"),
         requires_hooks=True,
-        hints=False,
-        waits_for_updates=False,
-        starts_container=False,
-        carries_pod_cgroup=False,
-        undo_on_post_reject=False,
         store=StoreEffect.POD_RESOURCES,
-        secrets=(),
     ),
 )
 
