@@ -47,6 +47,7 @@ from crihook.proxy.wire.grpc.runtime_client import RuntimeClient
 
 __all__ = [
     "RELAY_WINDOW",
+    "FlushedConnection",
     "Flusher",
     "H2RuntimeClient",
     "RuntimeConnection",
@@ -110,6 +111,23 @@ class _Writable(Protocol):
     def write_out(self) -> None: ...
 
 
+class FlushedConnection(H2Protocol):
+    """A connection of the h2 data path (kubelet's or the runtime's). Its writes go through
+    the shared `Flusher`: what one callback queued on several connections leaves in one write
+    each, at its end. A relay gives each stream's window back itself (`auto_consume` off)."""
+
+    def __init__(self, connection: Connection, flusher: Flusher) -> None:
+        super().__init__(connection, auto_consume=False)
+        self.flusher = flusher
+        self.marked = False
+
+    def flush(self) -> None:
+        """This connection's bytes and those the callback queued on others, one write each."""
+        self.flusher.mark(self)
+        if not self._receiving:
+            self.flusher.flush()
+
+
 class Upstream(Protocol):
     """What a stream to the runtime is told (on the event loop; must not block)."""
 
@@ -126,16 +144,14 @@ class Upstream(Protocol):
         """The connection is gone: nothing more will come."""
 
 
-class RuntimeConnection(H2Protocol):
+class RuntimeConnection(FlushedConnection):
     """One HTTP/2 connection to the runtime. Windows are given back by the stream's upstream
     (a relay: once its bytes went out to kubelet)."""
 
     def __init__(self, pool: RuntimePool) -> None:
-        super().__init__(Connection(client=True, stream_window=RELAY_WINDOW), auto_consume=False)
+        super().__init__(Connection(client=True, stream_window=RELAY_WINDOW), pool.flusher)
         self.pool = pool
-        self.flusher = pool.flusher
         self.streams: dict[int, Upstream] = {}
-        self.marked = False
 
     # --- the pool's part ---------------------------------------------------------------------
     @property
@@ -157,12 +173,6 @@ class RuntimeConnection(H2Protocol):
         """Close the transport (the streams are lost when asyncio reports it closed)."""
         if self._transport is not None:
             self._transport.close()
-
-    def flush(self) -> None:
-        """This connection's bytes and those the callback queued on others, one write each."""
-        self.flusher.mark(self)
-        if not self._receiving:
-            self.flusher.flush()
 
     # --- asyncio -------------------------------------------------------------------------------
     def connection_lost(self, exc: Exception | None) -> None:

@@ -53,7 +53,6 @@ from crihook.api.h2.grpc_wire import (
     parse_timeout,
     status_from_header,
 )
-from crihook.api.h2.protocol import H2Protocol
 from crihook.hooks.spec import Event
 from crihook.proxy.config import DEFAULT_MAX_MESSAGE_BYTES
 from crihook.proxy.cri import handler
@@ -66,6 +65,7 @@ from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.wire.grpc.passthrough import Observer, PassthroughRecord
 from crihook.proxy.wire.h2.runtime_client import (
     RELAY_WINDOW,
+    FlushedConnection,
     Flusher,
     H2RuntimeClient,
     RuntimeConnection,
@@ -533,7 +533,7 @@ class Buffered(_Unary):
         self.conn.flusher.flush()
 
 
-class KubeletConnection(H2Protocol):
+class KubeletConnection(FlushedConnection):
     """One kubelet connection. Windows are given back by the calls (a relay: once its bytes
     went out to the runtime)."""
 
@@ -544,12 +544,10 @@ class KubeletConnection(H2Protocol):
                 stream_window=RELAY_WINDOW,
                 max_concurrent_streams=MAX_CONCURRENT_STREAMS,
             ),
-            auto_consume=False,
+            server.flusher,
         )
         self.server = server
-        self.flusher = server.flusher
         self.calls: dict[int, _Call] = {}
-        self.marked = False
         self.going_away = False
         self.last_stream = 0  # the last stream that became a call
 
@@ -562,12 +560,6 @@ class KubeletConnection(H2Protocol):
             transport.write(data)
         if self.going_away and not self.calls:
             transport.close()  # after what was written
-
-    def flush(self) -> None:
-        """This connection's bytes and those the callback queued on others, one write each."""
-        self.flusher.mark(self)
-        if not self._receiving:
-            self.flusher.flush()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.server.connections.add(self)
