@@ -2,16 +2,25 @@
 
     python -m bench.run --kubelet [--containerd 1.6|2|crio] [--reps 15] [--kubelet-qos guaranteed]
 
-One kube-apiserver on kine, and three nodes, each a real kubelet (v1.37, CPU 0 reserved,
-its CPU manager off) on a lab runtime of its own of the chosen version (a kubelet stops the
-pods on its runtime that it does not know of):
+One kube-apiserver on kine, and four nodes, each a real kubelet (v1.37, CPU 0 reserved) on
+a lab runtime of its own of the chosen version (a kubelet stops the pods on its runtime that
+it does not know of):
 
-- ``direct``: kubelet on the runtime's socket;
-- ``hooks-none``: kubelet on crihook ``--hooks none``;
-- ``cpuset,numa,oom``: kubelet on crihook ``--hooks cpuset,numa,oom`` (CPU 0 reserved too).
+- ``direct``: kubelet on the runtime's socket, its CPU manager off;
+- ``kubelet-static``: kubelet on the runtime's socket with its own ``static`` CPU manager:
+  the same placement as crihook's cpuset hook (a Guaranteed container alone on CPU 1, its
+  pod's CFS quota lifted), made by kubelet;
+- ``hooks-none``: kubelet (CPU manager off) on crihook ``--hooks none``;
+- ``cpuset,numa,oom``: kubelet (CPU manager off) on crihook ``--hooks cpuset,numa,oom``
+  (CPU 0 reserved too).
+
+A Guaranteed pod's container pinned to one CPU starts more slowly than one free to run on
+both (runc's init and the container's first process share that CPU): ``kubelet-static``
+measures what the placement itself costs, so crihook's resource hooks are compared with it
+too (their ``reference``), besides with ``direct``.
 
 Each rep starts one pod on each node, one after another in a new random order (paired
-reps: the three see the same moment of the machine), each from its API object created
+reps: the four see the same moment of the machine), each from its API object created
 (``spec.nodeName`` set, no scheduler) to its container started. The end is the runtime's own
 ``started_at`` of the container (nanoseconds, the same clock as the start), read once the
 container runs: polling does not quantize it, and nothing of kubelet's status reporting is
@@ -19,9 +28,10 @@ in it. What it leaves out is the way back of StartContainer's answer to kubelet 
 crihook: one more relay of an empty response). The pod is then deleted and gone from the
 runtime before the next one starts. A warm-up pod per node comes first, untimed.
 
-Reported per path: median and quartiles of the start, its ratio to ``direct``'s median, and
-the median over reps of each rep's ratio to that rep's direct start (the paired figure).
-The issue's target: through crihook <= 1.02x direct.
+Reported per path: median and quartiles of the start, its ratio to ``direct``'s median, the
+median over reps of each rep's ratio to that rep's direct start (the paired figure), and the
+same paired figure against its reference where it has one. The issue's target: through
+crihook <= 1.02x direct.
 """
 
 from __future__ import annotations
@@ -50,7 +60,11 @@ from tests.node.manifests import QOS_RESOURCES, pod_manifest
 __all__ = ["PATHS", "report", "run_kubelet_start"]
 
 DIRECT = "direct"
-PATHS = (DIRECT, "hooks-none", "cpuset,numa,oom")
+KUBELET_STATIC = "kubelet-static"
+RESOURCE_HOOKS = "cpuset,numa,oom"
+PATHS = (DIRECT, KUBELET_STATIC, "hooks-none", RESOURCE_HOOKS)
+REFERENCE = {RESOURCE_HOOKS: KUBELET_STATIC}
+"""A path's placement made by kubelet itself: what it is compared with besides ``direct``."""
 CRIHOOK_CONFIG = '[hooks.cpuset]\nreserved_cpus = "0"\n'
 TARGET = 1.02
 _POLL = 0.05
@@ -73,7 +87,8 @@ def _say(message: str) -> None:
 def _node(
     path: str, runtime: str, api_server: ApiServer, stack: contextlib.ExitStack
 ) -> Iterator[KubeletNode]:
-    """The runtime, crihook unless ``direct``, and a registered kubelet for ``path``."""
+    """The runtime, crihook unless kubelet talks to it directly, and a registered kubelet
+    for ``path``."""
     lab = peers.lab_runtime(
         runtime,
         tempfile.mkdtemp(prefix="crihook-lab-", dir="/tmp"),
@@ -82,7 +97,8 @@ def _node(
     stack.callback(lab.cleanup)
     lab.start()
     endpoint = None
-    if path != DIRECT:
+    kubelet_options = {"cpu_manager_policy": "static"} if path == KUBELET_STATIC else {}
+    if path not in (DIRECT, KUBELET_STATIC):
         hooks = "none" if path == "hooks-none" else path
         crihook = CrihookProcess(
             lab.endpoint,
@@ -94,7 +110,9 @@ def _node(
         stack.callback(crihook.kill)
         crihook.start()
         endpoint = crihook.endpoint
-    with registered_node(peers.kubelet(), lab.endpoint, api_server, endpoint=endpoint) as node:
+    with registered_node(
+        peers.kubelet(), lab.endpoint, api_server, endpoint=endpoint, **kubelet_options
+    ) as node:
         yield node
 
 
@@ -140,6 +158,11 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def _paired(starts: list[float], reference: list[float]) -> float:
+    """The median over reps of each rep's start over the reference's start in that rep."""
+    return statistics.median(a / b for a, b in zip(starts, reference, strict=True))
+
+
 def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]], load: str = "") -> str:
     """The table: per path (``starts_ms[path]``, one start per rep, in rep order)."""
     direct = starts_ms[DIRECT]
@@ -148,14 +171,21 @@ def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]], load: s
         f"kubelet pod start ({qos} pod, API object created -> container started), "
         f"runtime {runtime}, {len(direct)} paired reps:",
         "",
-        "| path | p25 ms | median ms | p75 ms | median / direct | paired ratio (median) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| path | p25 ms | median ms | p75 ms | median / direct | paired ratio (median) "
+        "| reference | paired ratio to it (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for name, starts in starts_ms.items():
         q1, q2, q3 = _quartiles(starts)
-        paired = statistics.median(a / b for a, b in zip(starts, direct, strict=True))
+        reference = REFERENCE.get(name)
+        against = (
+            f"| {reference} | {_paired(starts, starts_ms[reference]):.3f} |"
+            if reference in starts_ms
+            else "| - | - |"
+        )
         lines.append(
-            f"| {name} | {q1:.1f} | {q2:.1f} | {q3:.1f} | {q2 / base:.3f} | {paired:.3f} |"
+            f"| {name} | {q1:.1f} | {q2:.1f} | {q3:.1f} | {q2 / base:.3f} "
+            f"| {_paired(starts, direct):.3f} {against}"
         )
     lines.append("")
     lines.append(f"target: through crihook <= {TARGET}x direct{load}")
@@ -163,7 +193,7 @@ def report(runtime: str, qos: str, starts_ms: Mapping[str, list[float]], load: s
 
 
 def run_kubelet_start(runtime: str, reps: int, qos: str = "guaranteed", seed: int = 0) -> str:
-    """Set up the three nodes, run ``reps`` paired reps, return the report (markdown)."""
+    """Set up the four nodes, run ``reps`` paired reps, return the report (markdown)."""
     if qos not in QOS_RESOURCES:
         raise ValueError(f"qos {qos!r}: one of {', '.join(QOS_RESOURCES)}")
     rng = random.Random(seed)

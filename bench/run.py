@@ -1302,8 +1302,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--kubelet", action="store_true",
-        help="instead of the cells: pod start as a real kubelet sees it, direct and through "
-        "crihook (hooks none; cpuset,numa,oom), paired reps on --containerd (bench.kubelet_start)",
+        help="instead of the cells: pod start as a real kubelet sees it, direct (CPU manager "
+        "none, and static), and through crihook (hooks none; cpuset,numa,oom), paired reps on "
+        "--containerd (bench.kubelet_start)",
     )  # fmt: skip
     p.add_argument(
         "--kubelet-qos", choices=("guaranteed", "burstable", "besteffort"), default="guaranteed",

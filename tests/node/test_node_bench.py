@@ -1,6 +1,7 @@
-"""`python -m bench.run --kubelet` runs: one paired rep on containerd 1.6, three kubelets
-(direct, crihook with no hooks, crihook with cpuset,numa,oom), each on a runtime of its
-own. No timing is judged here, only that each path started its pod and is reported."""
+"""`python -m bench.run --kubelet` runs: one paired rep on containerd 1.6, four kubelets
+(direct, kubelet's own static CPU manager, crihook with no hooks, crihook with
+cpuset,numa,oom), each on a runtime of its own. No timing is judged here, only that each
+path started its pod and is reported, the resource hooks against kubelet's placement too."""
 
 from __future__ import annotations
 
@@ -19,4 +20,7 @@ def test_the_kubelet_bench_starts_a_pod_on_each_path(node_binaries: NodeBinaries
     }
     assert list(rows) == list(PATHS)
     assert all(float(row[1]) > 0 for row in rows.values())
-    assert rows["direct"][-2:] == ["1.000", "1.000"]
+    assert rows["direct"][3:5] == ["1.000", "1.000"]
+    assert rows["direct"][5:] == ["-", "-"]
+    assert rows["cpuset,numa,oom"][5] == "kubelet-static"
+    assert float(rows["cpuset,numa,oom"][6]) > 0

@@ -62,7 +62,12 @@ def test_the_kubelet_report_pairs_each_rep_with_its_direct_start() -> None:
     text = report(
         "1.6",
         "guaranteed",
-        {"direct": [100.0, 200.0, 300.0], "hooks-none": [110.0, 200.0, 600.0]},
+        {
+            "direct": [100.0, 200.0, 300.0],
+            "kubelet-static": [100.0, 250.0, 300.0],
+            "hooks-none": [110.0, 200.0, 600.0],
+            "cpuset,numa,oom": [110.0, 250.0, 330.0],
+        },
     )
 
     cells = {
@@ -72,5 +77,7 @@ def test_the_kubelet_report_pairs_each_rep_with_its_direct_start() -> None:
     }
     # hooks-none: median 200 against 200; per rep 1.1, 1.0 and 2.0, median 1.1
     assert cells["hooks-none"][1] == "200.0"
-    assert cells["hooks-none"][-2:] == ["1.000", "1.100"]
-    assert cells["direct"][-2:] == ["1.000", "1.000"]
+    assert cells["hooks-none"][3:] == ["1.000", "1.100", "-", "-"]
+    assert cells["direct"][3:5] == ["1.000", "1.000"]
+    # the resource hooks against kubelet's own placement too: per rep 1.1, 1.0, 1.1
+    assert cells["cpuset,numa,oom"][3:] == ["1.250", "1.100", "kubelet-static", "1.100"]
