@@ -7,10 +7,10 @@ runs one (in kubelet's `none` mode) when it places CPUs itself; one per node eit
                      pre: exclusive CPUs reserved (on disk before the runtime acts), or the
                           shared pool; shared containers moved off the new CPUs; refused
                           when it would empty a shared pool other containers run on
-                     post: the reservation confirmed under the container's id
+                     post: the reservation confirmed under the container's id (and, once
+                          per pod, the pod cgroup's CFS quota lifted, as kubelet does)
                      failed: the reservation released
     UpdateContainerResources  pre: the cpuset crihook set is kept (kubelet re-sends resources)
-                     (and, once per pod, the pod cgroup's CFS quota lifted, as kubelet does)
     StopContainer / RemoveContainer  post: the CPUs given back, the shared pool grows
     RunPodSandbox    (`pod` topology scope) the pod's bubble, reserved like a container's CPUs
     RemovePodSandbox post: everything of the pod given back
