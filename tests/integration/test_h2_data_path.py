@@ -10,7 +10,6 @@ connections at once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import socket
@@ -34,8 +33,7 @@ from crihook.api.h2.connection import (
     Reset,
     Settled,
 )
-from crihook.proxy.config import RuntimeSettings
-from crihook.proxy.wire.h2.runtime_client import RELAY_WINDOW, Flusher, H2RuntimeClient
+from crihook.proxy.wire.h2.runtime_client import RELAY_WINDOW
 from tests.lab.crihook_proc import PATIENCE, CrihookProcess, short_tmpdir, wait_for
 from tests.lab.fake_runtime import FakeRuntime, Reply
 
@@ -476,43 +474,6 @@ def test_a_relayed_stream_refused_twice_is_refused_to_kubelet(raw_runtime: RawRu
             peer.close()
         assert raw_runtime.refused == [RUNTIME + "ContainerStatus"] * 2
         assert _answered(raw_runtime) == []
-
-
-def _headers_frames(data: bytes) -> int:
-    """How many HEADERS frames a write of HTTP/2 frames carries."""
-    count, at = 0, 0
-    while at + 9 <= len(data):
-        length = int.from_bytes(data[at : at + 3], "big")
-        count += data[at + 3] == 0x1
-        at += 9 + length
-    return count
-
-
-async def test_requests_sent_in_one_turn_of_the_loop_leave_in_one_write(
-    raw_runtime: RawRuntime,
-) -> None:
-    """The update workers woken by one read of answers send their next requests in one turn
-    of the event loop: those go out in one write (one wake-up of the runtime), not one each."""
-    client = H2RuntimeClient(RuntimeSettings(endpoint=raw_runtime.endpoint), Flusher())
-    call = client.call(RUNTIME + "ContainerStatus")
-    try:
-        await call(b"", timeout=30)  # connected: the preface and settings are behind us
-        connection = client.runtime_pool.ready()
-        assert connection is not None and connection._transport is not None
-        transport = connection._transport
-        writes: list[bytes] = []
-        write = transport.write
-
-        def noted(data: bytes) -> None:
-            writes.append(bytes(data))
-            write(data)
-
-        transport.write = noted  # type: ignore[method-assign]
-        answers = await asyncio.gather(*(call(b"", timeout=30) for _ in range(4)))
-        assert answers == [b""] * 4
-        assert [_headers_frames(w) for w in writes if _headers_frames(w)] == [4]
-    finally:
-        await client.close()
 
 
 def test_a_refused_call_is_not_sent_again_past_its_deadline(raw_runtime: RawRuntime) -> None:

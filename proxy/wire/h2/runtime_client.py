@@ -85,14 +85,12 @@ def going_away_status() -> Status:
 class Flusher:
     """Connections that have bytes to write, written once at the end of whatever event-loop
     callback queued them (a read, a task step): a relayed request's HEADERS and DATA leave in
-    one write. Requests that tasks send (`flush_soon`) wait for the loop's next turn, so
-    those sent in one turn share a write."""
+    one write."""
 
-    __slots__ = ("_dirty", "_soon")
+    __slots__ = ("_dirty",)
 
     def __init__(self) -> None:
         self._dirty: list[_Writable] = []
-        self._soon = False
 
     def mark(self, connection: _Writable) -> None:
         if not connection.marked:
@@ -105,18 +103,6 @@ class Flusher:
             connection = dirty.pop()
             connection.marked = False
             connection.write_out()
-
-    def flush_soon(self) -> None:
-        """Flush once the tasks ready in this turn of the event loop have run. The update
-        workers woken by one read of the runtime's answers send their next requests in one
-        turn: one write, and one wake-up of the runtime, instead of one each."""
-        if not self._soon and self._dirty:
-            self._soon = True
-            asyncio.get_running_loop().call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._soon = False
-        self.flush()
 
 
 class _Writable(Protocol):
@@ -446,7 +432,7 @@ class H2RuntimeClient(RuntimeClient):
             stream_id = connection.open(pending, headers)
             pending.connection, pending.stream_id = connection, stream_id
             connection.h2.send_data(stream_id, grpc_message_prefix(len(request)) + request, True)
-            flusher.flush_soon()
+            flusher.flush()
             timer = None
             if timeout is not None:
                 status = Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
