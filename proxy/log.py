@@ -2,8 +2,8 @@
 
 Code logs through `logging.getLogger(__name__)` and passes pod/container facts as `extra`
 fields (`pod`, `container`, `hook`, `method`; the line of each intercepted call adds `hooks`,
-`outcome`, `origin`, `elapsed_ms`: see `call_log`); the JSON format emits them as keys and
-the plain format appends them as `key=value`.
+`outcome`, `origin`, `elapsed_ms`, `runtime_ms`: see `call_log`); the JSON format emits them
+as keys and the plain format appends them as `key=value`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ CONTEXT_KEYS = (
     "outcome",
     "origin",
     "elapsed_ms",
+    "runtime_ms",
 )
 
 

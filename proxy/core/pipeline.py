@@ -384,12 +384,14 @@ class Pipeline:
                 if spec.starts_container
                 else contextlib.nullcontext()
             )
+            sent = time.monotonic()
             try:
                 with starting:
                     response_raw = await self._forward[event](
                         forwarded, timeout=timeout, metadata=outcome.metadata
                     )
             except RuntimeCallFailed as err:
+                outcome.runtime_elapsed = time.monotonic() - sent
                 code = err.status.code  # logged with the call (proxy.ops.call_log)
                 if code in _UNKNOWN_OUTCOME:
                     self._outcome_unknown(call)
@@ -401,6 +403,7 @@ class Pipeline:
                 # kubelet gave up while the runtime was acting: it may have done it or not.
                 self._outcome_unknown(call)
                 raise
+            outcome.runtime_elapsed = time.monotonic() - sent
             outcome.response = response_raw
             response = spec.response.FromString(response_raw)
             self._update_store(call, response, merger)

@@ -113,6 +113,9 @@ class Outcome:
     started = 0.0
     """Wall-clock time (epoch seconds) the call arrived (set when someone listens)."""
     elapsed = 0.0
+    runtime_elapsed: float | None = None
+    """Seconds from the request forwarded to the runtime's answer (or its error); None when
+    the call never reached the runtime. `elapsed` less this is crihook's own part."""
     timeout: float | None = None
     """kubelet's remaining time when the call arrived (set when someone listens)."""
     ready = True

@@ -2,11 +2,14 @@
 
     CreateContainer ok (adjusted) method=CreateContainer pod=default/web-0 container=app
         hooks=20-cpuset/hints:hints,20-cpuset/pre:adjusted,20-cpuset/post:nothing
-        outcome=adjusted elapsed_ms=12.41
+        outcome=adjusted elapsed_ms=12.41 runtime_ms=11.87
 
 `outcome` is `ok`, `adjusted` (forwarded with changes), or the status code the call ended
 with; `origin` says who ended a failed call (`crihook`, `runtime`, `kubelet`). `hooks` lists
-each hook's run as `hook/stage:verdict`, in order. The JSON format has the same keys.
+each hook's run as `hook/stage:verdict`, in order. `elapsed_ms` is the whole call as crihook
+saw it; `runtime_ms` the runtime's part of it (from the request forwarded to its answer),
+absent when the call never reached the runtime: the difference is what crihook added. The
+JSON format has the same keys.
 
 Only names, ids, verdicts and codes: never a request's content (env values, annotations),
 so nothing a pod carries as a secret reaches the log. Why a call was refused is logged by
@@ -51,6 +54,8 @@ def call_fields(outcome: Outcome) -> tuple[str, dict[str, Any]]:
             message = f"{method} refused by crihook: {result}"
     fields["outcome"] = result
     fields["elapsed_ms"] = round(outcome.elapsed * 1000, 3)
+    if outcome.runtime_elapsed is not None:
+        fields["runtime_ms"] = round(outcome.runtime_elapsed * 1000, 3)
     return message, fields
 
 

@@ -86,6 +86,9 @@ def test_no_env_value_or_secret_reaches_the_log_at_debug(
     assert created["pod"] == "default/allowed" and created["container"] == "app"
     assert created["hooks"].startswith("50-devices/pre:")
     assert float(created["elapsed_ms"]) > 0
+    # the runtime's part of it: the rest is crihook's; a call it refused never reached it
+    assert 0 < float(created["runtime_ms"]) <= float(created["elapsed_ms"])
+    assert "runtime_ms" not in refused_line
     assert created["outcome"] in ("adjusted", "ok")  # ok: dry-run forwards it unchanged
     assert refused_line["outcome"] == "PERMISSION_DENIED"
     assert refused_line["origin"] == "crihook"

@@ -163,7 +163,7 @@ def test_unix_socket_series_move_with_pass_through_and_intercepted_calls(
     # ... and the log has one line for each intercepted call.
     assert re.search(
         r"CreateContainer ok \(adjusted\) method=CreateContainer pod=default/web container=app "
-        r"hooks=10-a/pre:adjusted outcome=adjusted elapsed_ms=[\d.]+",
+        r"hooks=10-a/pre:adjusted outcome=adjusted elapsed_ms=[\d.]+ runtime_ms=[\d.]+",
         log,
     ), log
     assert re.search(

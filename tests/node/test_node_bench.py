@@ -5,6 +5,8 @@ path started its pod and is reported, the resource hooks against kubelet's place
 
 from __future__ import annotations
 
+import re
+
 from bench.kubelet_start import PATHS, run_kubelet_start
 from tests.node.conftest import NodeBinaries
 
@@ -24,3 +26,10 @@ def test_the_kubelet_bench_starts_a_pod_on_each_path(node_binaries: NodeBinaries
     assert rows["direct"][5:] == ["-", "-"]
     assert rows["cpuset,numa,oom"][5] == "kubelet-static"
     assert float(rows["cpuset,numa,oom"][6]) > 0
+    # crihook's own part of the start, from its call log, on both of its paths
+    for path in ("hooks-none", "cpuset,numa,oom"):
+        found = re.search(
+            rf"{re.escape(path)}: crihook's own part of a start .* median ([\d.]+) ms", text
+        )
+        assert found is not None, text
+        assert float(found[1]) > 0

@@ -3,10 +3,11 @@ corpus (bench/kubelet_captured) and the --kubelet report's arithmetic."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bench import kubelet_capture, payloads
-from bench.kubelet_start import report
+from bench.kubelet_start import own_ms, report
 from crihook.api.cri.v1 import api_pb2
 
 
@@ -81,3 +82,34 @@ def test_the_kubelet_report_pairs_each_rep_with_its_direct_start() -> None:
     assert cells["direct"][3:5] == ["1.000", "1.000"]
     # the resource hooks against kubelet's own placement too: per rep 1.1, 1.0, 1.1
     assert cells["cpuset,numa,oom"][3:] == ["1.250", "1.100", "kubelet-static", "1.100"]
+
+
+def test_crihooks_own_part_of_a_start_is_each_start_calls_time_less_the_runtimes() -> None:
+    def line(method: str, pod: str, elapsed: float, runtime: float | None) -> str:
+        doc = {"logger": "crihook.proxy.call_log", "method": method, "pod": f"default/{pod}"}
+        doc["elapsed_ms"] = elapsed
+        if runtime is not None:
+            doc["runtime_ms"] = runtime
+        return json.dumps(doc)
+
+    log = "\n".join(
+        [
+            '{"logger": "crihook.proxy.app", "msg": "ready"}',
+            line("RunPodSandbox", "p", 100.0, 99.0),
+            line("CreateContainer", "p", 20.0, 18.5),
+            line("CreateContainer", "other", 20.0, 1.0),  # another pod
+            line("StartContainer", "p", 50.0, 49.5),
+            line("StopContainer", "p", 10.0, 1.0),  # not on the way to running
+            line("StartContainer", "p", 0.25, None),  # refused: never reached the runtime
+        ]
+    )
+    assert own_ms(log, "p") == 1.0 + 1.5 + 0.5 + 0.25
+
+    text = report(
+        "2",
+        "guaranteed",
+        {"direct": [100.0, 200.0, 300.0], "hooks-none": [100.0, 200.0, 300.0]},
+        own={"hooks-none": [1.0, 2.0, 3.0]},
+    )
+    assert "hooks-none: crihook's own part of a start" in text
+    assert "median 2.00 ms (p25-p75 1.00-3.00), 1.00% of direct's median start" in text

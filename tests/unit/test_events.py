@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,13 @@ class Runtime:
         self.forwarded: list[str] = []
         self.sent: list[str] = []
         self.flusher: Any = None
+        self.takes = 0.0
+        """Seconds each call takes to answer."""
 
     def call(self, path: str) -> Any:
         async def call(data: bytes, **options: Any) -> bytes:
             self.sent.append(path)
+            await asyncio.sleep(self.takes)
             return b""
 
         return call
@@ -147,10 +151,12 @@ async def test_the_pipeline_refuses_a_call_with_no_row_before_any_hook(tmp_path:
     raw = api_pb2.UpdatePodSandboxResourcesRequest(pod_sandbox_id="p1").SerializeToString()
     hook, runtime = Resize(), Runtime()
     pipeline = pipeline_with(tmp_path / "all", runtime, hook)
+    runtime.takes = 0.05
     outcome = await pipeline.handle(UPSR, raw)
     assert outcome.status is None
     assert hook.asked == ["p1"]  # with its row, the hook is asked
     assert runtime.sent == [UPSR_PATH]
+    assert outcome.runtime_elapsed is not None and outcome.runtime_elapsed >= 0.05
 
     hook, runtime = Resize(), Runtime()
     pipeline = pipeline_with(tmp_path / "no-upsr", runtime, hook, WITHOUT_UPSR)
@@ -159,5 +165,6 @@ async def test_the_pipeline_refuses_a_call_with_no_row_before_any_hook(tmp_path:
     assert outcome.status.code == grpc.StatusCode.INTERNAL
     assert outcome.status.details == "crihook: UpdatePodSandboxResources is not intercepted"
     assert outcome.status_origin == "crihook"
+    assert outcome.runtime_elapsed is None  # it never reached the runtime
     assert hook.asked == []
     assert runtime.sent == []

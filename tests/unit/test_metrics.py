@@ -253,12 +253,16 @@ def test_call_line(status: Status | None, origin: str, message: str, outcome: st
     ended = _outcome([("10-a", Stage.PRE, "adjusted", "", Adjustment(), 0.001)])
     if status is not None:
         ended.fail(origin, status)
+    if origin in ("", "runtime"):  # the runtime answered, or failed it
+        ended.runtime_elapsed = 0.0035
     text, fields = call_fields(ended)
     assert text == message
     assert fields["pod"] == "default/web" and fields["container"] == "app"
     assert fields["hooks"] == "10-a/pre:adjusted"
     assert fields["outcome"] == outcome
     assert fields["elapsed_ms"] == 4.0
+    # the runtime's part, only where the call reached it
+    assert fields.get("runtime_ms") == (3.5 if origin in ("", "runtime") else None)
     assert fields.get("origin", "") == origin
 
 
