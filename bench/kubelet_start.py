@@ -36,8 +36,9 @@ crihook <= 1.02x direct.
 The spread of a start (tens of ms) hides a 2% difference, so for each crihook path the
 report also gives crihook's own part of the pod's start, read from its call log: the sum,
 over the pod's RunPodSandbox, CreateContainer and StartContainer, of each call's time less
-the runtime's part of it (``elapsed_ms - runtime_ms``). The calls crihook relays unread
-(PodSandboxStatus, ImageStatus, ...) are not in it.
+the runtime's part of it (``elapsed_ms - runtime_ms``). A call's time runs from its request
+read to its answer handed back to the transport: the HTTP/2 framing on either side is not
+in it, nor are the calls crihook relays unread (PodSandboxStatus, ImageStatus, ...).
 """
 
 from __future__ import annotations
