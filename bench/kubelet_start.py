@@ -65,7 +65,7 @@ from tests.lab.kubelet_node import KubeletNode
 from tests.lab.node_bed import on_node, registered_node
 from tests.node.manifests import QOS_RESOURCES, pod_manifest
 
-__all__ = ["PATHS", "report", "run_kubelet_start"]
+__all__ = ["PATHS", "own_ms", "report", "run_kubelet_start"]
 
 DIRECT = "direct"
 KUBELET_STATIC = "kubelet-static"
