@@ -170,3 +170,39 @@ _SPEC = {
 )
 def test_netns_from_containerds_verbose_status(info: dict[str, str], expected: str | None) -> None:
     assert netns_from_verbose_info(info) == expected
+
+
+class LabelThenLook(Hook):
+    """Labels the container at pre, and notes at post what the request it is shown carries."""
+
+    def __init__(self) -> None:
+        self.seen_at_post: dict[str, str] | None = None
+
+    async def pre_create_container(self, ctx: HookContext) -> Adjustment:
+        return Adjustment().set_label("pinned", "1")
+
+    async def post_create_container(self, ctx: HookContext) -> None:
+        self.seen_at_post = dict(ctx.peek_request().config.labels)  # type: ignore[attr-defined]
+
+
+async def test_under_a_global_dry_run_the_post_stage_sees_what_the_runtime_got(
+    tmp_path: Path,
+) -> None:
+    """The pre stage of a global dry-run adjusts a copy; the post stage, which shares the
+    call's ChainCall with it, is shown kubelet's request again, as the runtime got it."""
+    store = Store(tmp_path)
+    chain = Chain(ChainSettings(dry_run=True), store.hook_state)
+    hook = LabelThenLook()
+    chain.set_builtin([Chain.entry(LocalHook("10-label", hook), HookSettings(name="10-label"))])
+    readiness = Readiness()
+    readiness.set(True)
+    runtime = StubRuntime()
+    raw = create_request().SerializeToString()
+
+    outcome = await Pipeline(runtime, chain, store, readiness).handle(Event.CREATE_CONTAINER, raw)
+
+    assert outcome.status is None
+    assert runtime.sent == [raw]  # dry-run: kubelet's bytes
+    assert hook.seen_at_post is not None
+    assert hook.seen_at_post == dict(api_pb2.CreateContainerRequest.FromString(raw).config.labels)
+    assert "pinned" not in hook.seen_at_post
