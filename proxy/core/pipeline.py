@@ -550,10 +550,13 @@ class Pipeline:
             target = type(call.request)()
             target.CopyFrom(call.request)
             hooked.request = target
-        with self.store.track_changes() as changes:
-            merger = await chain.pre(hooked)
-        if validate or required:
-            await self._validate(call, hooked, merger, dry_run)
+        try:
+            with self.store.track_changes() as changes:
+                merger = await chain.pre(hooked)
+            if validate or required:
+                await self._validate(call, hooked, merger, dry_run)
+        finally:
+            hooked.request = call.request  # the post stage sees what the runtime got
         if changes.last:
             await self.store.write_ahead(changes.last)  # on disk before the runtime acts
         if dry_run:
@@ -707,7 +710,6 @@ class Pipeline:
         if self.chain.entries and self.chain.wants(call.event, Stage.POST, self._exempt(call)):
             try:
                 hooked = self._hooked(call, deadline, ran, outcome.trace)
-                hooked.request = call.request  # a global dry-run's pre stage ran on a copy
                 post = await self.chain.post(hooked, response)
                 updates.extend(post.updates)
                 groups.extend(post.groups)
