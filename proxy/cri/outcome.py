@@ -115,7 +115,8 @@ class Outcome:
     elapsed = 0.0
     runtime_elapsed: float | None = None
     """Seconds from the request forwarded to the runtime's answer (or its error); None when
-    the call never reached the runtime. `elapsed` less this is crihook's own part."""
+    the runtime gave neither: the call never reached it, or kubelet cancelled the call while
+    it was there. `elapsed` less this is crihook's own part."""
     timeout: float | None = None
     """kubelet's remaining time when the call arrived (set when someone listens)."""
     ready = True

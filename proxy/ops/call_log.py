@@ -7,9 +7,10 @@
 `outcome` is `ok`, `adjusted` (forwarded with changes), or the status code the call ended
 with; `origin` says who ended a failed call (`crihook`, `runtime`, `kubelet`). `hooks` lists
 each hook's run as `hook/stage:verdict`, in order. `elapsed_ms` is the whole call as crihook
-saw it; `runtime_ms` the runtime's part of it (from the request forwarded to its answer),
-absent when the call never reached the runtime: the difference is what crihook added. The
-JSON format has the same keys.
+saw it; `runtime_ms` the runtime's part of it (from the request forwarded to its answer or
+error), absent when the runtime gave neither (the call never reached it, or kubelet
+cancelled it there): the difference is what crihook added. The JSON format has the same
+keys.
 
 Only names, ids, verdicts and codes: never a request's content (env values, annotations),
 so nothing a pod carries as a secret reaches the log. Why a call was refused is logged by
