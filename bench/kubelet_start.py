@@ -87,9 +87,15 @@ class NodePath:
     name: str
     node: KubeletNode
     crihook: CrihookProcess | None
+    pods: list[str] = field(default_factory=list)
+    """The pod of each rep, in rep order."""
     starts_ms: list[float] = field(default_factory=list)
-    own_ms: list[float] = field(default_factory=list)
-    """crihook's own part of each start (crihook's paths only)."""
+
+    def own_parts(self) -> list[float]:
+        """crihook's own part of each rep's start, from its log read once."""
+        assert self.crihook is not None
+        log = self.crihook.log()
+        return [own_ms(log, pod) for pod in self.pods]
 
 
 def _say(message: str) -> None:
@@ -255,13 +261,12 @@ def run_kubelet_start(runtime: str, reps: int, qos: str = "guaranteed", seed: in
             rng.shuffle(order)
             for p in order:  # pod names are the API server's: one per node and rep
                 name = f"start-{rep}-{paths.index(p)}"
+                p.pods.append(name)
                 p.starts_ms.append(start_one(p.node, api, name, qos))
-                if p.crihook is not None:
-                    p.own_ms.append(own_ms(p.crihook.log(), name))
             _say(
                 f"rep {rep + 1}/{reps}: "
                 + ", ".join(f"{p.name} {p.starts_ms[-1]:.1f} ms" for p in paths)
             )
         load = f"; load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
-        own = {p.name: p.own_ms for p in paths if p.crihook is not None}
+        own = {p.name: p.own_parts() for p in paths if p.crihook is not None}
         return report(runtime, qos, {p.name: p.starts_ms for p in paths}, load, own)
