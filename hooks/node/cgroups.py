@@ -19,6 +19,10 @@ What is written, by cgroup version:
 
 Files are opened for writing, never created: a pod cgroup that does not exist (yet, or any
 more) is not made; a controller file missing in a pod cgroup that exists is an error.
+
+One write goes a level up, to a QoS cgroup kubelet made (``write_qos_cpus``, cgroup v2
+only): the cpuset hook's shared pool held in ``cpuset.cpus`` of ``kubepods/burstable`` and
+``kubepods/besteffort`` (``crihook.hooks.node.qos``), which their pods' containers inherit.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ class PodCgroups(Protocol):
         call it from a thread."""
         ...
 
+    def write_qos_cpus(self, qos_path: str, cpus: str) -> bool:
+        """Write `cpus` (a non-empty cpulist) to the QoS cgroup's ``cpuset.cpus``
+        (`qos_path` relative to the cgroup root, ``crihook.hooks.node.qos``). False when the
+        cgroup does not exist (kubelet makes it, not crihook). OSError naming the file when
+        the write fails; ValueError for an empty cpulist or a path that climbs out.
+        Blocking: call it from a thread."""
+        ...
+
 
 def shares_to_weight(shares: int) -> int:
     """cgroup v1 cpu shares (2..262144) as a v2 cpu.weight (1..10000), as kubelet and runc
@@ -100,6 +112,19 @@ class LinuxPodCgroups:
             _write(path, value)
             written.append(str(path))
         return written
+
+    def write_qos_cpus(self, qos_path: str, cpus: str) -> bool:
+        # An empty cpuset.cpus on cgroup v2 means "inherit every CPU": never written.
+        if not cpus.strip():
+            raise ValueError(f"an empty cpuset for {qos_path!r} would hand it every CPU")
+        parts = qos_path.strip("/").split("/")
+        if not all(parts) or ".." in parts:
+            raise ValueError(f"not a QoS cgroup path: {qos_path!r}")
+        cgroup = self.cgroup_root.joinpath(*parts)
+        if not cgroup.is_dir():
+            return False
+        _write(cgroup / "cpuset.cpus", cpus)
+        return True
 
 
 _Plan = list[tuple[str | None, str, str]]

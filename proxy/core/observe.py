@@ -64,7 +64,7 @@ NETLINK_EFFECTS = frozenset({"move_in", "move_out", "create", "delete", "configu
 STAGING_EFFECTS = frozenset({"pin_mount", "pin_device", "release"})
 """What mounts or makes nodes under the staging directory (seam `staging`)."""
 EFFECTS = (
-    frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits"})
+    frozenset({"write_oom_score_adj", "unlimit_cpu_quota", "write_pod_limits", "write_qos_cpus"})
     | NETLINK_EFFECTS
     | STAGING_EFFECTS
 )
@@ -182,7 +182,8 @@ class ObservedHost:
 
 
 class ObservedCgroups:
-    """`PodCgroups` whose every write is noted (as the host's: `write_pod_limits`)."""
+    """`PodCgroups` whose every write is noted (as the host's: `write_pod_limits`,
+    `write_qos_cpus`)."""
 
     def __init__(self, cgroups: PodCgroups) -> None:
         self.cgroups = cgroups
@@ -193,6 +194,14 @@ class ObservedCgroups:
             "write_pod_limits",
             [cgroup_parent, limits.to_dict()],
             lambda: self.cgroups.write_limits(cgroup_parent, limits),
+        )
+
+    def write_qos_cpus(self, qos_path: str, cpus: str) -> bool:
+        return _note(
+            "host",
+            "write_qos_cpus",
+            [qos_path, cpus],
+            lambda: self.cgroups.write_qos_cpus(qos_path, cpus),
         )
 
 

@@ -220,6 +220,12 @@ class RecordedNode:
         effect["result"] = [] if answer is _MISSING else [str(p) for p in answer]
         return list(effect["result"])
 
+    def write_qos_cpus(self, qos_path: str, cpus: str) -> bool:
+        effect = self._effect("write_qos_cpus", [qos_path, cpus])
+        answer = self._ask("host", "write_qos_cpus", [qos_path, cpus])
+        effect["result"] = False if answer is _MISSING else bool(answer)
+        return bool(effect["result"])
+
     # HostFiles
     def resolve(self, path: str) -> str:
         answer = self._ask("files", "resolve", [path])

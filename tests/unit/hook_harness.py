@@ -190,12 +190,26 @@ class FakeCgroups:
     def __init__(self) -> None:
         self.writes: list[tuple[str, PodLimits]] = []
         self.fail: set[str] = set()
+        self.qos: dict[str, str] = {}
+        """QoS cgroup path → its cpuset.cpus as last written."""
+        self.qos_writes: list[tuple[str, str]] = []
+        self.qos_missing: set[str] = set()
+        """QoS cgroups kubelet has not made yet (the write answers False)."""
 
     def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
         if cgroup_parent in self.fail:
             raise PermissionError(13, f"cannot open /fake/{cgroup_parent}/cpu.max: denied")
         self.writes.append((cgroup_parent, limits))
         return [f"/fake/{cgroup_parent}/cpu.max"]
+
+    def write_qos_cpus(self, qos_path: str, cpus: str) -> bool:
+        if qos_path in self.fail:
+            raise PermissionError(13, f"cannot open /fake/{qos_path}/cpuset.cpus: denied")
+        if qos_path in self.qos_missing:
+            return False
+        self.qos_writes.append((qos_path, cpus))
+        self.qos[qos_path] = cpus
+        return True
 
 
 class FakeStaging:
