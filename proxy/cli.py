@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the node topology is read: <root>/devices/system/{cpu,node} (default /sys)",
     )
     serve.add_argument(
+        "--cgroup-root",
+        help="where the cgroup file system is (default /sys/fs/cgroup; a fake tree for tests)",
+    )
+    serve.add_argument(
         "--staging-dir",
         help="where the devices hook pins checked host paths for the runtime "
         "(default /run/crihook/mounts)",

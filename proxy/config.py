@@ -49,6 +49,7 @@ TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
 DEFAULT_SYSFS_ROOT = Path("/sys")
 DEFAULT_STAGING_DIR = Path("/run/crihook/mounts")
+DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONFLICT_MODES = ("error", "precedence")
 DATA_PATHS = ("grpc", "h2")
 UPDATE_MODES = ("after-answer", "before-answer")
@@ -188,6 +189,9 @@ class NodeSettings:
     """Where the `devices` hook pins the host paths and device nodes it checked (bind mounts
     and nodes the runtime is given instead of the pod's paths). Root's alone; mounts made
     there must reach the runtime's mount namespace (a DaemonSet: Bidirectional)."""
+    cgroup_root: Path = DEFAULT_CGROUP_ROOT
+    """Where the cgroup file system is (pods' and QoS cgroups written by hooks, containers'
+    processes found); another tree lets tests and benchmarks run on a fake one."""
 
 
 DEFAULT_REDACT_ANNOTATIONS = (
@@ -329,7 +333,7 @@ _TOP_KEYS = {
     "node",
     "record",
 }
-_NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope", "staging_dir"}
+_NODE_KEYS = {"sysfs_root", "topology_policy", "topology_scope", "staging_dir", "cgroup_root"}
 _RECORD_KEYS = {
     "file",
     "all",
@@ -512,6 +516,8 @@ def _node_settings(doc: Mapping[str, Any]) -> NodeSettings:
         node["sysfs_root"] = _abs_path("[node] sysfs_root", table["sysfs_root"])
     if "staging_dir" in table:
         node["staging_dir"] = _abs_path("[node] staging_dir", table["staging_dir"])
+    if "cgroup_root" in table:
+        node["cgroup_root"] = _abs_path("[node] cgroup_root", table["cgroup_root"])
     if "topology_policy" in table:
         node["topology_policy"] = _choice(
             "[node] topology_policy", table["topology_policy"], TOPOLOGY_POLICIES
@@ -671,6 +677,8 @@ def apply_flags(settings: Settings, flags: Mapping[str, Any]) -> Settings:
         node = replace(node, sysfs_root=_abs_path("--sysfs-root", flags["sysfs_root"]))
     if flags.get("staging_dir") is not None:
         node = replace(node, staging_dir=_abs_path("--staging-dir", flags["staging_dir"]))
+    if flags.get("cgroup_root") is not None:
+        node = replace(node, cgroup_root=_abs_path("--cgroup-root", flags["cgroup_root"]))
     if flags.get("log_format") is not None:
         top["log_format"] = _choice("--log-format", flags["log_format"], LOG_FORMATS)
     if flags.get("log_level") is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from crihook.proxy.config import (
     ChainSettings,
     HookSettings,
+    NodeSettings,
     RecordSettings,
     Settings,
     parse_hook_name,
@@ -53,6 +54,8 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
         },
         "record": _record_doc(settings.record),
     }
+    if settings.node.cgroup_root != NodeSettings().cgroup_root:  # older docs lack it
+        doc["node"]["cgroup_root"] = str(settings.node.cgroup_root)
     if server.socket_group is not None:
         doc["socket_group"] = server.socket_group
     if server.metrics_listen is not None:
