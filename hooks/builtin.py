@@ -6,7 +6,8 @@ lives in `hooks/<name>/` (installed as `crihook.hooks.<name>`) and is imported o
 configured.
 
 What a hook tells of itself outside the call path (its part of node.json, its holdings for
-`crihook state --cpus`, its facts for a recording's header) is read through the readers named
+`crihook state --cpus`, its facts for a recording's header, what its options need of the
+host) is read through the readers named
 here (`crihook.hooks.report`), so the proxy names no hook and imports none.
 """
 
@@ -19,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from crihook.hooks.report import HeaderFacts, HoldingsReader, NodeDocPart
+    from crihook.hooks.report import HeaderFacts, HoldingsReader, HostCheck, NodeDocPart
 
 __all__ = ["BUILTIN_HOOKS", "BUILTIN_ORDER", "BuiltinHook"]
 
@@ -40,6 +41,9 @@ class BuiltinHook:
     facts: str | None = None
     """`package.module:function` giving its node facts for a recording's header
     (`report.HeaderFacts`)."""
+    host_check: str | None = None
+    """`package.module:function` checking its options against the host before crihook
+    serves (`report.HostCheck`)."""
     uses_staging: bool = False
     """It pins host paths under `[node] staging_dir`, so `crihook check` looks at how that
     mount propagates."""
@@ -54,6 +58,9 @@ class BuiltinHook:
 
     def header_facts(self) -> HeaderFacts | None:
         return None if self.facts is None else cast("HeaderFacts", _load(self.facts))
+
+    def host_checker(self) -> HostCheck | None:
+        return None if self.host_check is None else cast("HostCheck", _load(self.host_check))
 
 
 def _load(target: str) -> Any:
@@ -72,6 +79,7 @@ BUILTIN_HOOKS: Mapping[str, BuiltinHook] = MappingProxyType(
                 "exclusive CPUs as kubelet's static CPU manager picks them; a shared pool",
                 node_doc="crihook.hooks.cpus.report:ledger_node_doc",
                 holdings="crihook.hooks.cpus.report:ledger_holdings",
+                host_check="crihook.hooks.cpus.report:ledger_host_check",
             ),
             BuiltinHook(
                 "koordinator",

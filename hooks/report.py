@@ -2,6 +2,8 @@
 (`crihook.hooks.builtin`): its part of node.json, what it holds for `crihook state --cpus`,
 and its facts for a recording's header.
 
+A hook may also check its options against the host before crihook serves (`HostCheck`).
+
 A `BuiltinHook` names each reader as `package.module:function`, imported only when the hook
 is configured (or, for `crihook state --cpus`, has state or is named in node.json). The proxy
 calls the readers of the built-ins at their default positions in the chain (`BUILTIN_ORDER`)
@@ -22,6 +24,7 @@ __all__ = [
     "HeaderFacts",
     "Holdings",
     "HoldingsReader",
+    "HostCheck",
     "MemoryBlock",
     "NodeDocPart",
     "NodeMemory",
@@ -36,6 +39,11 @@ HeaderFacts = Callable[[Mapping[str, Any], HostFiles], list[dict[str, Any]]]
 """(the hook's options, the host's files) → its device pools for a recording's header, each
 path looked up through `files` (which the recorder observes, so the header holds what the
 host's files said). ValueError: options the hook refuses (crihook does not start)."""
+
+HostCheck = Callable[[Mapping[str, Any], int | None], list[tuple[str, str]]]
+"""(the hook's options, the host's cgroup version: 1, 2, None for no cgroupfs) → what the
+options ask that this host cannot do, as (option, problem): crihook refuses to start,
+naming the option."""
 
 
 @dataclass(frozen=True)

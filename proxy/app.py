@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.node import (
     Host,
     HostFiles,
@@ -43,6 +44,7 @@ from crihook.hooks.node import (
     PyrouteNetlink,
     Staging,
     Topology,
+    cgroup_version,
 )
 from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
@@ -61,6 +63,7 @@ from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.early import Claimed, claim
+from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
 from crihook.proxy.ops.call_log import CallLog
 from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, read_topology, write_node_doc
@@ -124,9 +127,9 @@ class App:
             describe_updates=settings.record.file is not None,  # a recording: the only reader
         )
         # The seams hooks learn the node through; noted per call while recording.
-        host: Host = LinuxHost()
+        host: Host = LinuxHost(settings.node.cgroup_root)
         files: HostFiles = LinuxFiles()
-        cgroups: PodCgroups = LinuxPodCgroups()
+        cgroups: PodCgroups = LinuxPodCgroups(settings.node.cgroup_root)
         netlink: Netlink = PyrouteNetlink()
         staging: Staging = LinuxStaging(str(settings.node.staging_dir))
         queries: SyncQueries = RuntimeView(self.runtime)
@@ -227,6 +230,22 @@ class App:
             hook = load_local_hook(hook_settings)
             entries.append(Chain.entry(hook, hook_settings))
         self.chain.set_builtin(entries)
+
+    def check_host(self) -> None:
+        """The built-in hooks' options against this host (their `HostCheck`), before
+        anything is served: ConfigError naming the first option the host cannot do."""
+        checks = []
+        for hook_settings in self.settings.chain.hooks:
+            builtin = BUILTIN_HOOKS.get(hook_settings.base_name)
+            check = builtin.host_checker() if builtin and not hook_settings.module else None
+            if check is not None:
+                checks.append((hook_settings, check))
+        if not checks:
+            return  # no file system look-up for a chain that does not care
+        version = cgroup_version(self.settings.node.cgroup_root)
+        for hook_settings, check in checks:
+            for option, problem in check(hook_settings.options, version):
+                raise ConfigError(f"[hooks.{hook_settings.base_name}] {option}", problem)
 
     def _snapshot(
         self,
@@ -464,6 +483,7 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
+        self.check_host()
         await self._write_node_doc()
         metrics_server = None
         if self.metrics is not None:

@@ -6,6 +6,7 @@
     disable_cfs_quota = true         # exclusive containers run without a CFS quota
     policy = "static"                # or "none": no exclusive CPUs but koord-scheduler's
     resize_exclusive_cpus = false    # kubelet's InPlacePodVerticalScalingExclusiveCPUs gate
+    shared_pool_in = "containers"    # or "qos-cgroups" (cgroup v2): see SHARED_POOL_IN
 
 `policy_options` takes kubelet's own `cpuManagerPolicyOptions` keys and string values, so a
 kubelet configuration carries over as it is, and refuses what kubelet refuses
@@ -35,8 +36,10 @@ from crihook.hooks.spec.options import reject_unknown
 
 __all__ = [
     "POLICY_OPTIONS",
+    "SHARED_POOL_IN",
     "CpusetOptions",
     "check_node",
+    "host_problems",
     "node_reserved_cpus",
     "parse_options",
     "reserved_cpus",
@@ -67,7 +70,20 @@ EXCLUSIVE_PAIRS = (
 )
 """Options kubelet refuses together, in the order it checks them."""
 
-_KEYS = {"reserved_cpus", "policy_options", "disable_cfs_quota", "policy", "resize_exclusive_cpus"}
+_KEYS = {
+    "reserved_cpus",
+    "policy_options",
+    "disable_cfs_quota",
+    "policy",
+    "resize_exclusive_cpus",
+    "shared_pool_in",
+}
+IN_CONTAINERS = "containers"
+IN_QOS_CGROUPS = "qos-cgroups"
+SHARED_POOL_IN = (IN_CONTAINERS, IN_QOS_CGROUPS)
+"""Where the shared pool is held: in each shared container's own cpuset (an update per
+container when it changes), or in kubelet's Burstable and BestEffort QoS cgroups, whose
+pods' containers inherit it (two file writes; cgroup v2 only)."""
 _POLICIES = ("static", "none")
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
@@ -96,6 +112,15 @@ class CpusetOptions:
     an in-place resize of a container with exclusive CPUs grows or shrinks them, keeping the
     CPUs it was created with. Off: such a resize is refused, as kubelet refuses it. Set it as
     kubelet's gate is set."""
+    shared_pool_in: str = IN_CONTAINERS
+    """`containers`: every shared container is given the pool as its cpuset. `qos-cgroups`:
+    the pool is written to kubelet's Burstable and BestEffort QoS cgroups' `cpuset.cpus`,
+    and their pods' containers get no cpuset of their own (cgroup v2 only; the shared
+    containers of Guaranteed pods keep theirs)."""
+
+    @property
+    def pool_in_qos_cgroups(self) -> bool:
+        return self.shared_pool_in == IN_QOS_CGROUPS
 
 
 def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
@@ -134,6 +159,11 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
     resize = options.get("resize_exclusive_cpus", False)
     if not isinstance(resize, bool):
         raise ValueError(f"cpuset: resize_exclusive_cpus must be true or false, not {resize!r}")
+    pool_in = options.get("shared_pool_in", IN_CONTAINERS)
+    if pool_in not in SHARED_POOL_IN:
+        raise ValueError(
+            f'cpuset: shared_pool_in must be "containers" or "qos-cgroups", not {pool_in!r}'
+        )
     policy_name = options.get("policy", "static")
     if policy_name not in _POLICIES:
         raise ValueError(f'cpuset: policy must be "static" or "none", not {policy_name!r}')
@@ -148,7 +178,25 @@ def parse_options(options: Mapping[str, Any]) -> CpusetOptions:
         disable_cfs_quota=quota,
         static=policy_name == "static",
         resize_exclusive_cpus=resize,
+        shared_pool_in=pool_in,
     )
+
+
+def host_problems(config: CpusetOptions, cgroup_version: int | None) -> list[tuple[str, str]]:
+    """What this host cannot do of the options: (option, problem). `qos-cgroups` needs
+    cgroup v2: on v1 a cpuset cgroup's `cpuset.cpus` must hold every CPU its children ask
+    for (a QoS cgroup could not be narrowed under its containers' cpusets), and an empty
+    one is not inherited, so the containers could not simply leave theirs unset."""
+    if config.pool_in_qos_cgroups and cgroup_version != 2:
+        found = f"cgroup v{cgroup_version}" if cgroup_version else "no cgroup file system"
+        return [
+            (
+                "shared_pool_in",
+                f'"qos-cgroups" needs cgroup v2 (the unified hierarchy), and this host has '
+                f'{found}; use "containers" here',
+            )
+        ]
+    return []
 
 
 def _bool(what: str, value: object) -> bool:

@@ -7,13 +7,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_options
+from crihook.hooks.cpus.options import (
+    CpusetOptions,
+    host_problems,
+    node_reserved_cpus,
+    parse_options,
+)
 from crihook.hooks.cpus.pool import CpuPool
 from crihook.hooks.node import Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.report import Holdings, SavedLedger
 from crihook.hooks.spec.hook import DictState
 
-__all__ = ["ledger_doc", "ledger_holdings", "ledger_node_doc"]
+__all__ = ["ledger_doc", "ledger_holdings", "ledger_host_check", "ledger_node_doc"]
+
+
+def ledger_host_check(
+    options: Mapping[str, Any], cgroup_version: int | None
+) -> list[tuple[str, str]]:
+    """What the cpuset hook's options need of the host (`report.HostCheck`); options it
+    refuses are refused when the hook is built, not here."""
+    try:
+        config = parse_options(options)
+    except ValueError:
+        return []
+    return host_problems(config, cgroup_version)
 
 
 def ledger_node_doc(
