@@ -26,10 +26,22 @@ LSR pods). On a node without Koordinator's pods nothing of this changes anything
 
 Each adjustment says why (`Adjustment.because`): the pool, the exclusive pick, the
 scheduler's CPUs, or the cpuset kept on an update.
+
+With `shared_pool_in = "qos-cgroups"` (cgroup v2) the containers of Burstable and BestEffort
+pods get no cpuset (one kubelet sent is cleared) and are no members of the pools' group
+updates: the pools are written to kubelet's QoS cgroups (`qos_pools.py`), which they inherit.
+Every stage that may change a pool ends by writing what is due, in a thread, before it
+returns: a pick narrows them in its pre stage, before the runtime makes the container; a
+release widens them in its post or failed stage. A write that fails is logged, counted
+(`failures`) and tried again (0.2 s doubling to 5 s, and at every later stage); the call
+goes on. Containers of Guaranteed pods (directly in `kubepods`) keep their cpusets and
+their updates.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,9 +62,11 @@ from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_
 from crihook.hooks.cpus.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpus.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpus.pool_update import PoolUpdate
+from crihook.hooks.cpus.qos_pools import QosPools, pool_of_qos
 from crihook.hooks.cpus.reconcile import desired_cpus, reconcile
 from crihook.hooks.cpus.rules import bubble_cpus, exclusive_cpus, slice_cpus
-from crihook.hooks.node import Host, Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node import Host, PodCgroups, Topology, format_cpu_list, parse_cpu_list
+from crihook.hooks.node.qos import qos_cgroup
 from crihook.hooks.spec import (
     Adjustment,
     ContainerState,
@@ -76,6 +90,9 @@ __all__ = ["CpuLedger"]
 
 log = logging.getLogger(__name__)
 
+QOS_RETRY_FIRST_SECONDS = 0.2
+QOS_RETRY_MAX_SECONDS = 5.0
+
 
 class CpuLedger(Hook):
     honours_exemption = False
@@ -96,6 +113,12 @@ class CpuLedger(Hook):
         yet (put back if it fails)."""
         self._finished: dict[str, Mapping[str, bool]] = {}
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
+        self._qos: QosPools | None = QosPools() if self.config.pool_in_qos_cgroups else None
+        """The pools held in kubelet's QoS cgroups (`shared_pool_in = "qos-cgroups"`)."""
+        self._cgroups: PodCgroups | None = None
+        self._qos_lock = asyncio.Lock()
+        """One QoS write at a time: the one queued behind another writes the newest pool."""
+        self._qos_retry: asyncio.Task[None] | None = None
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -108,6 +131,10 @@ class CpuLedger(Hook):
         # At start a running container keeps what it has, or shares; later (a restored pod)
         # one whose exclusive CPUs are taken meanwhile is given free ones.
         place = self._place_adopted if sync.reason != "start" else None
+        self._cgroups = sync.cgroups
+        if self._qos is not None:
+            for pod in sync.pods:
+                self._qos.learn(pod.cgroup_parent, appeared=True)
         updates = reconcile(
             self._pool,
             sync.pods,
@@ -115,7 +142,15 @@ class CpuLedger(Hook):
             sync.container_states,
             place=place,
             exclusive=self.config.static,
+            follows=self._follows if self._qos is not None else None,
         )
+        if self._qos is not None:
+            # Before the repairs (which widen containers made with a cpuset onto every CPU)
+            # and before crihook is ready: the QoS cgroups hold the pools as the ledger says.
+            if self._cgroups is None:
+                log.error("cpuset: shared_pool_in = qos-cgroups, but no cgroups are given")
+            self._qos.rewrite()
+            await self._follow_pool()
         pool = self._pool
         log.info(
             "cpuset: %d container(s), %d exclusive; shared pool %s, reserved %s",
@@ -125,6 +160,16 @@ class CpuLedger(Hook):
             format_cpu_list(pool.reserved) or "none",
         )
         return updates
+
+    def failures(self) -> Mapping[str, int]:
+        """QoS cgroup writes that failed (each tried again), with `qos-cgroups`."""
+        return {} if self._qos is None else {"qos_cgroup_writes": self._qos.failures}
+
+    async def close(self) -> None:
+        task, self._qos_retry = self._qos_retry, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def usage(self) -> list[PoolUsage]:
         """CPUs held exclusively (containers, bubbles, reservations), in the node's shared
@@ -161,9 +206,15 @@ class CpuLedger(Hook):
         cpus = self._take(pool.free(), count, ctx.affinity, what)
         self._keep_node_shared_pool(cpus, what)
         pool.reserve_bubble(ctx.pod.uid, cpus)
+        await self._follow_pool()
         return None  # the sandbox itself runs as the runtime places it; the bubble is ours
 
     async def post_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
+        if self._qos is not None:
+            # kubelet made the pod's cgroup, so its QoS cgroup, before asking: written now,
+            # before any container of the pod is made, if it was not there before.
+            self._qos.learn(ctx.pod.cgroup_parent, appeared=True)
+            await self._follow_pool()
         if self._bubble(ctx.pod) is None:
             return None
         assert ctx.response is not None
@@ -172,6 +223,7 @@ class CpuLedger(Hook):
 
     async def failed_run_pod_sandbox(self, ctx: HookContext) -> None:
         self.pool.drop_bubble(f"uid:{ctx.pod.uid}")
+        await self._follow_pool()
 
     # --- CreateContainer ---------------------------------------------------------------------
     async def hints_create_container(self, ctx: HookContext) -> ResourceHints | None:
@@ -195,6 +247,11 @@ class CpuLedger(Hook):
         return {"cpu": self._hints(self.pool.free(), reusable, count)}
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
+        adjustment = await self._pre_create(ctx)
+        await self._follow_pool()  # an exclusive pick narrowed the pools: the QoS cgroups too
+        return adjustment
+
+    async def _pre_create(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
         pool = self.pool
         bubble = pool.bubble_of(ctx.pod.id)
@@ -214,6 +271,9 @@ class CpuLedger(Hook):
                     f"{whose} pool is empty: exclusive containers hold all of its "
                     f"CPUs, so container {container.name!r} has no CPU to run on"
                 )
+            if not bubble and self._follows(ctx.pod, name, numa):
+                sent = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
+                return _no_cpuset(sent, whose)
             why = f"cpus: {whose} pool" + _narrowed(scheduled)
             return Adjustment().set_cpuset_cpus(text).because(why)
         finished = await self._exits(ctx)
@@ -281,8 +341,11 @@ class CpuLedger(Hook):
             in_bubble=bubble,
             pool=name,
             numa=numa,
+            follows_qos=not bubble and self._follows(ctx.pod, name, numa),
         )
         pool.record(cid, holder)
+        if holder.follows_qos:
+            return None  # its QoS cgroup holds its pool, written when the pool changed
         sent = ctx.peek_request().config.linux.resources.cpuset_cpus  # type: ignore[attr-defined]
         if not bubble and sent == pool.member_text(holder):
             return None  # what its pre stage gave it is still its pool (the usual case)
@@ -296,14 +359,23 @@ class CpuLedger(Hook):
         container = _container(ctx)
         self._finished.pop(ctx.pod.id, None)
         self.pool.release(reservation_key(ctx.pod.id, container.name, container.attempt))
+        await self._follow_pool()
 
     # --- UpdateContainerResources: what crihook set stays -------------------------------------
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
+        adjustment = self._pre_update(ctx)
+        await self._follow_pool()  # a resize of exclusive CPUs narrowed the pools
+        return adjustment
+
+    def _pre_update(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
         holder = self.pool.containers.get(container.id)
         want = desired_cpus(self.pool, container.id)
         if holder is None or want is None:
             return None
+        if holder.follows_qos:
+            sent = ctx.peek_request().linux.cpuset_cpus  # type: ignore[attr-defined]
+            return _no_cpuset(sent, _NODE_POOLS[holder.pool])
         if holder.cpus and not holder.scheduled:
             milli = cpu_request_milli_from_shares(ctx.peek_request().linux.cpu_shares)  # type: ignore[attr-defined]
             if milli is not None and milli != len(holder.cpus) * 1000:
@@ -320,6 +392,7 @@ class CpuLedger(Hook):
         before = self._resized.pop(container.id, None)
         if before is not None:  # the runtime did not resize it: it holds what it held
             self.pool.record(container.id, before)
+            await self._follow_pool()
 
     async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
         self._resized.pop(_container(ctx).id, None)
@@ -377,14 +450,18 @@ class CpuLedger(Hook):
         holder = self.pool.containers.get(cid)
         if holder is None:
             return None
-        return self._gave_back(holder, self.pool.stop(cid))
+        out = self._gave_back(holder, self.pool.stop(cid))
+        await self._follow_pool()
+        return out
 
     async def post_remove_container(self, ctx: HookContext) -> Adjustment | None:
         cid = _container(ctx).id
         holder = self.pool.containers.get(cid)
         if holder is None:
             return None
-        return self._gave_back(holder, self.pool.release(cid))
+        out = self._gave_back(holder, self.pool.release(cid))
+        await self._follow_pool()
+        return out
 
     async def pre_update_pod_sandbox_resources(self, ctx: HookContext) -> Adjustment | None:
         """A pod-level resize of a pod with a bubble: its CPUs stay as they are (kubelet's
@@ -441,6 +518,7 @@ class CpuLedger(Hook):
         self._unlimited.discard(ctx.pod.id)
         if not freed:
             return None
+        await self._follow_pool()
         return self._shared_updates(None, be_changed=pool.be_pool() != be_before)
 
     # --- Koordinator: the CPUs koord-scheduler gave a pod ---------------------------------
@@ -513,6 +591,68 @@ class CpuLedger(Hook):
 
     def _bubble(self, pod: PodView) -> int | None:
         return bubble_cpus(pod, self._scope) if self.config.static else None
+
+    # --- the pools in the QoS cgroups (shared_pool_in = "qos-cgroups") ----------------------
+    def _follows(self, pod: PodView, pool: str, numa: frozenset[int]) -> bool:
+        """Whether a container of `pod` on the node pool `pool` runs on its QoS cgroup's
+        cpuset instead of its own: a Burstable or BestEffort pod whose cgroup is where
+        kubelet puts it, on its class's pool, not narrowed to NUMA nodes by koord-scheduler
+        (a QoS cgroup holds one set for all its pods)."""
+        if self._qos is None or numa:
+            return False
+        found = qos_cgroup(pod.cgroup_parent)
+        if found is None or pool_of_qos(found.qos) != pool:
+            return False
+        self._qos.learn(pod.cgroup_parent)
+        return True
+
+    async def _follow_pool(self) -> None:
+        """Write the pools to the QoS cgroups whose pool changed (nothing when none did,
+        which is a few dict look-ups: no thread)."""
+        qos = self._qos
+        if qos is None or not qos.due(self.pool):
+            return
+        async with self._qos_lock:
+            due = qos.due(self.pool)  # the pool as it is now, after any write before us
+            if not due:
+                return
+            results = await asyncio.to_thread(_write_qos, self._cgroups, due)
+        failed = False
+        for (path, text), result in zip(due, results, strict=True):
+            if isinstance(result, Exception):
+                failed = True
+                qos.failed(path)
+                log.warning(
+                    "cpuset: QoS cgroup %s keeps its cpuset.cpus, not the pool %s: %s "
+                    "(tried again)",
+                    path,
+                    text,
+                    result,
+                )
+                continue
+            qos.done(path, text, existed=result)
+            log.debug("cpuset: QoS cgroup %s: %s", path, text if result else "not there yet")
+        if failed:
+            self._retry_qos_later()
+
+    def _retry_qos_later(self) -> None:
+        if self._qos_retry is not None and not self._qos_retry.done():
+            return
+        # An empty context: what the retry notes belongs to no call being recorded.
+        self._qos_retry = asyncio.get_running_loop().create_task(
+            self._retry_qos(), name="crihook-cpuset-qos-retry", context=contextvars.Context()
+        )
+
+    async def _retry_qos(self) -> None:
+        assert self._qos is not None
+        delay = QOS_RETRY_FIRST_SECONDS
+        while True:
+            await asyncio.sleep(delay)
+            before = self._qos.failures
+            await self._follow_pool()
+            if self._qos.failures == before:
+                return
+            delay = min(delay * 2, QOS_RETRY_MAX_SECONDS)
 
     # --- helpers -----------------------------------------------------------------------------
     def _unlimit_pod_quota(self, pod: PodView) -> None:
@@ -651,6 +791,32 @@ def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPo
     if dropped:
         log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))
     return pool
+
+
+def _write_qos(
+    cgroups: PodCgroups | None, due: Sequence[tuple[str, str]]
+) -> list[bool | Exception]:
+    """Each (QoS cgroup, cpulist) written (in a thread): True, False when it is not there
+    yet, or the error."""
+    out: list[bool | Exception] = []
+    for path, text in due:
+        if cgroups is None:
+            out.append(RuntimeError("no cgroups seam given to the hook"))
+            continue
+        try:
+            out.append(cgroups.write_qos_cpus(path, text))
+        except (OSError, ValueError) as exc:
+            out.append(exc)
+    return out
+
+
+def _no_cpuset(sent: str, whose: str) -> Adjustment | None:
+    """A container that follows its QoS cgroup has no cpuset of its own: one kubelet sent
+    is cleared (as crihook replaces it with the pool otherwise), none sent is left so."""
+    if not sent:
+        return None
+    why = f"cpus: none of its own, its QoS cgroup holds {whose} pool (kubelet's {sent} cleared)"
+    return Adjustment().set_cpuset_cpus("").because(why)
 
 
 def _refuse_cpu_resize(holder: Holder, milli: int, container: ContainerView) -> None:

@@ -85,6 +85,10 @@ class Holder:
     promised: frozenset[int] = frozenset()
     """The exclusive CPUs it was created with, once an in-place resize changed `cpus`
     (kubelet's "promised" CPUs: a resize keeps them). Empty: never resized."""
+    follows_qos: bool = False
+    """Without CPUs of its own: it has no cpuset either and runs on what its QoS cgroup is
+    given (`shared_pool_in = "qos-cgroups"`), so a change of its pool sends it nothing. Not
+    persisted: such a holder is not written, a restart adopts it again."""
 
     @property
     def created_with(self) -> frozenset[int]:
@@ -191,9 +195,9 @@ class CpuPool:
     """The BE pool, kept as `_pools` is."""
     _by_pod: dict[str, dict[str, None]] = field(default_factory=dict)
     """Pod id → the keys of its holders (container ids and reservation keys)."""
-    _members: Counter[tuple[str, frozenset[int]]] = field(default_factory=Counter)
-    """(pool name, NUMA nodes) → how many running node-level containers without CPUs of
-    their own run on it."""
+    _members: Counter[tuple[str, frozenset[int], bool]] = field(default_factory=Counter)
+    """(pool name, NUMA nodes, follows its QoS cgroup) → how many running node-level
+    containers without CPUs of their own run on it."""
     _lent: Counter[int] = field(default_factory=Counter)
     """Scheduled CPUs BE pods may share (an LSR pod's), by holders holding them."""
     _kept: Counter[int] = field(default_factory=Counter)
@@ -298,17 +302,23 @@ class CpuPool:
         return [cid for cid, h in self.containers.items() if _member(h)]
 
     def pool_members(self, name: str) -> list[str]:
-        """Container ids running on the node pool `name` (walks every container)."""
-        return [cid for cid, h in self.containers.items() if _member(h) and h.pool == name]
+        """Container ids running on the node pool `name` with a cpuset of their own: those
+        an update moves onto it (walks every container)."""
+        return [
+            cid
+            for cid, h in self.containers.items()
+            if _member(h) and h.pool == name and not h.follows_qos
+        ]
 
     def member_keys(self) -> list[tuple[str, frozenset[int]]]:
         """The node pools (name, NUMA nodes) running containers without CPUs of their own
-        run on: a few, however many containers."""
-        return list(self._members)
+        run on, those following their QoS cgroup included: a few, however many containers."""
+        return list(dict.fromkeys((name, numa) for name, numa, _ in self._members))
 
     def has_members(self, name: str) -> bool:
-        """Some running container runs on the node pool `name`."""
-        return any(key[0] == name for key in self._members)
+        """Some running container runs on the node pool `name` with a cpuset of its own (one
+        an update must reach; those following their QoS cgroup are not counted)."""
+        return any(key[0] == name and not key[2] for key in self._members)
 
     def attempt_cpus(self, pod: str, name: str) -> frozenset[int]:
         """The exclusive CPUs the latest earlier attempt of a container still holds (empty:
@@ -506,11 +516,11 @@ class CpuPool:
     def _enter(self, holder: Holder) -> None:
         """A container's holder set: counted on its pool when it runs on one."""
         if _member(holder):
-            self._members[(holder.pool, holder.numa)] += 1
+            self._members[(holder.pool, holder.numa, holder.follows_qos)] += 1
 
     def _leave(self, holder: Holder) -> None:
         if _member(holder):
-            key = (holder.pool, holder.numa)
+            key = (holder.pool, holder.numa, holder.follows_qos)
             self._members[key] -= 1
             if self._members[key] <= 0:
                 del self._members[key]

@@ -52,6 +52,8 @@ class PoolUpdate:
         holder = self.pool.containers.get(container_id)
         if holder is None or holder.cpus or holder.stopped or holder.in_bubble:
             return None
+        if holder.follows_qos:  # its QoS cgroup holds the pool
+            return None
         if holder.pool != self.name:
             return None
         return _pool_delta(self.pool.member_text(holder))

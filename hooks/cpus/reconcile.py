@@ -12,12 +12,16 @@
   free ones (`place`), or runs on the shared pool, logged, when none are left; any other
   joins its pool (the BE pool for a BestEffort pod's, the shared pool for the others'; with
   `exclusive` False, kubelet's `none` policy, no container gets exclusive CPUs but the
-  scheduler's);
+  scheduler's), following its QoS cgroup when `follows` says so (`shared_pool_in =
+  "qos-cgroups"`);
 - two pods never hold the same CPU: if the state says so (it was edited, or is corrupt), the
   pod seen later loses them and runs on the shared pool, logged; so does a container holding
   CPUs that are now reserved or offline;
 - every created or running container whose cpuset differs from what the pool says gets an
-  update (a repair, logged).
+  update (a repair, logged). One that follows its QoS cgroup should have no cpuset of its
+  own; CRI cannot clear one (an update's empty cpuset keeps it), so one made with the pool
+  as its cpuset (before `qos-cgroups` was set) is given every online CPU, which on cgroup
+  v2 runs it on what its QoS cgroup has.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ log = logging.getLogger(__name__)
 
 _LIVE = (ContainerState.CREATED, ContainerState.RUNNING)
 
+Follows = Callable[[PodView, str, frozenset[int]], bool]
+"""(pod, node pool, NUMA nodes koord-scheduler narrowed it to) → whether a container of the
+pod without CPUs of its own follows its QoS cgroup."""
+
 
 def reconcile(
     pool: CpuPool,
@@ -63,10 +71,13 @@ def reconcile(
     *,
     place: Callable[[int], frozenset[int] | None] | None = None,
     exclusive: bool = True,
+    follows: Follows | None = None,
 ) -> list[ContainerUpdate]:
     """Bring the pool in line with the runtime; the repairs to send. `place(count)`: free
     CPUs for an adopted exclusive container whose own are taken (None: none left).
-    `exclusive`: kubelet's static policy (False: `none`, no exclusive CPUs of crihook's)."""
+    `exclusive`: kubelet's static policy (False: `none`, no exclusive CPUs of crihook's).
+    `follows(pod, pool, numa)`: whether a container of `pod` without CPUs of its own runs
+    on its QoS cgroup's pool rather than a cpuset (None: none does)."""
     live = {c.id: c for c in containers}
     pods_by_id = {p.id: p for p in pods}
     for cid in [cid for cid in pool.containers if cid not in live]:
@@ -84,7 +95,7 @@ def reconcile(
         if container.id not in pool.containers:
             state = states.get(container.id, ContainerState.UNKNOWN)
             pod = pods_by_id.get(container.pod_id)
-            _adopt(pool, container, pod, state, place, exclusive=exclusive)
+            _adopt(pool, container, pod, state, place, exclusive=exclusive, follows=follows)
     _split_overlaps(pool)
     updates = []
     for container in containers:
@@ -116,6 +127,8 @@ def desired_cpus(pool: CpuPool, container_id: str) -> frozenset[int] | None:
         return holder.cpus
     if holder.in_bubble:
         return pool.bubble_shared_pool(holder.pod)
+    if holder.follows_qos:  # no cpuset of its own: its QoS cgroup's (see the docstring)
+        return pool.topology.online
     return pool.member_cpus(holder)
 
 
@@ -141,18 +154,27 @@ def _adopt(
     place: Callable[[int], frozenset[int] | None] | None,
     *,
     exclusive: bool,
+    follows: Follows | None,
 ) -> None:
     stopped = state not in _LIVE
+    scheduled = _scheduled(pool, pod)
+    in_bubble = container.pod_id in pool.bubbles
+    pool_name = member_pool(pod) if pod is not None else _member_pool_of(container)
     holder = Holder(
         pod=container.pod_id,
         name=container.name,
         attempt=container.attempt,
         kind=container.kind.value,
-        in_bubble=container.pod_id in pool.bubbles,
+        in_bubble=in_bubble,
         stopped=stopped,
-        pool=member_pool(pod) if pod is not None else _member_pool_of(container),
+        pool=pool_name,
+        follows_qos=(
+            follows is not None
+            and pod is not None
+            and not in_bubble
+            and follows(pod, pool_name, scheduled.numa_nodes)
+        ),
     )
-    scheduled = _scheduled(pool, pod)
     if scheduled.cpus and pod is not None and not stopped and not holder.in_bubble:
         pool.record(container.id, _scheduled_holder(holder, pod, scheduled.cpus))
         return
@@ -164,7 +186,7 @@ def _adopt(
     if not stopped and not holder.in_bubble and want:
         have = parse_cpu_list(container.resources.cpuset_cpus)
         if len(have) == want and have <= pool.free():
-            holder = replace(holder, cpus=have)
+            holder = replace(holder, cpus=have, follows_qos=False)
             log.info(
                 "cpuset: adopted container %s with its exclusive cpus %s",
                 container.id[:12],
@@ -173,7 +195,7 @@ def _adopt(
         elif place is not None:
             cpus = place(want)
             if cpus:
-                holder = replace(holder, cpus=cpus)
+                holder = replace(holder, cpus=cpus, follows_qos=False)
                 log.warning(
                     "cpuset: container %s ran on cpus %s that are not free; re-placed on %s",
                     container.id[:12],
@@ -213,6 +235,7 @@ def _scheduled_holder(holder: Holder, pod: PodView, cpus: frozenset[int]) -> Hol
     return replace(
         holder,
         cpus=cpus,
+        follows_qos=False,
         scheduled=True,
         be_shares=be_may_share(pod),
         pod_name=f"{pod.namespace}/{pod.name}",
