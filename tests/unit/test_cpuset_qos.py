@@ -1,0 +1,330 @@
+"""`[hooks.cpuset] shared_pool_in = "qos-cgroups"`: the shared pool held in kubelet's QoS
+cgroups instead of every shared container's cpuset.
+
+The path mapping and the file write are pure or on a temp tree; the ledger runs in-process
+(tests/unit/hook_harness.py) with a `FakeCgroups` recording what each QoS cgroup was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.cpus.options import host_problems, parse_options
+from crihook.hooks.cpus.report import ledger_host_check
+from crihook.hooks.cpuset import CpusetHook
+from crihook.hooks.node import LinuxPodCgroups, format_cpu_list, parse_cpu_list
+from crihook.hooks.node.qos import QosCgroup, qos_cgroup
+from crihook.hooks.spec import ContainerState, Field
+from tests.lab.kubelet_encoding import PodSpec
+from tests.unit.hook_harness import (
+    SMALL,
+    FakeCgroups,
+    Node,
+    besteffort,
+    burstable,
+    every_update,
+    guaranteed,
+    topology_of,
+)
+
+TOPO = topology_of(SMALL)
+ONLINE = TOPO.online
+QOS = {"shared_pool_in": "qos-cgroups"}
+BURSTABLE = "kubepods/burstable"
+BESTEFFORT = "kubepods/besteffort"
+SYSTEMD_BURSTABLE = "kubepods.slice/kubepods-burstable.slice"
+SYSTEMD_BESTEFFORT = "kubepods.slice/kubepods-besteffort.slice"
+
+
+# --- where the QoS cgroup is --------------------------------------------------------------
+
+
+class Parent(NamedTuple):
+    cgroup_parent: str
+    want: QosCgroup | None
+
+
+PARENTS = {
+    "cgroupfs burstable": Parent("/kubepods/burstable/pod1", QosCgroup(BURSTABLE, "burstable")),
+    "cgroupfs besteffort": Parent("/kubepods/besteffort/pod1", QosCgroup(BESTEFFORT, "besteffort")),
+    "cgroupfs guaranteed": Parent("/kubepods/pod1", None),
+    "cgroupfs cgroup root": Parent(
+        "/node-x/kubepods/burstable/pod1", QosCgroup("node-x/kubepods/burstable", "burstable")
+    ),
+    "systemd burstable": Parent(
+        "kubepods-burstable-pod1.slice", QosCgroup(SYSTEMD_BURSTABLE, "burstable")
+    ),
+    "systemd besteffort": Parent(
+        "kubepods-besteffort-pod1.slice", QosCgroup(SYSTEMD_BESTEFFORT, "besteffort")
+    ),
+    "systemd guaranteed": Parent("kubepods-pod1.slice", None),
+    "systemd cgroup root": Parent(
+        "node-kubepods-burstable-pod1.slice",
+        QosCgroup("node.slice/node-kubepods.slice/node-kubepods-burstable.slice", "burstable"),
+    ),
+    "empty": Parent("", None),
+    "climbs out": Parent("/kubepods/../burstable/pod1", None),
+    "no pod level": Parent("/burstable", None),
+    "other parent": Parent("/system/workload/pod1", None),
+}
+
+
+@pytest.mark.parametrize("row", PARENTS.values(), ids=PARENTS.keys())
+def test_qos_cgroup_of_a_pod(row: Parent) -> None:
+    assert qos_cgroup(row.cgroup_parent) == row.want
+
+
+def test_write_qos_cpus_on_a_cgroup_tree(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    qos = tmp_path / "kubepods" / "burstable"
+    qos.mkdir(parents=True)
+    (qos / "cpuset.cpus").write_text("")
+    cgroups = LinuxPodCgroups(tmp_path)
+    assert cgroups.write_qos_cpus(BURSTABLE, "0-3,8")
+    assert (qos / "cpuset.cpus").read_text() == "0-3,8"
+    assert cgroups.write_qos_cpus(BESTEFFORT, "0-3") is False  # kubelet has not made it
+    assert not (tmp_path / "kubepods" / "besteffort").exists()  # nor did crihook
+    with pytest.raises(ValueError, match="empty cpuset"):
+        cgroups.write_qos_cpus(BURSTABLE, "")
+    with pytest.raises(ValueError, match="not a QoS cgroup path"):
+        cgroups.write_qos_cpus("kubepods/../..", "0")
+    assert (qos / "cpuset.cpus").read_text() == "0-3,8"
+
+
+# --- the option, and the hosts it needs -----------------------------------------------------
+
+
+def test_shared_pool_in_option() -> None:
+    assert parse_options({}).shared_pool_in == "containers"
+    assert not parse_options({}).pool_in_qos_cgroups
+    assert parse_options(QOS).pool_in_qos_cgroups
+    with pytest.raises(ValueError, match='shared_pool_in must be "containers" or "qos-cgroups"'):
+        parse_options({"shared_pool_in": "qos"})
+
+
+HOSTS = {
+    "v2": (2, []),
+    "v1": (1, ["shared_pool_in"]),
+    "no cgroupfs": (None, ["shared_pool_in"]),
+}
+
+
+@pytest.mark.parametrize(("version", "refused"), HOSTS.values(), ids=HOSTS.keys())
+def test_qos_cgroups_needs_cgroup_v2(version: int | None, refused: list[str]) -> None:
+    assert [option for option, _ in ledger_host_check(QOS, version)] == refused
+    assert ledger_host_check({}, version) == []  # the default asks nothing of the host
+    if version == 1:
+        [(_, problem)] = host_problems(parse_options(QOS), 1)
+        assert "cgroup v2" in problem and "cgroup v1" in problem
+
+
+def test_crihook_refuses_qos_cgroups_on_cgroup_v1(tmp_path: Path) -> None:
+    from crihook.proxy.app import App
+    from crihook.proxy.config import apply_flags, load_config
+    from crihook.proxy.errors import ConfigError
+
+    (tmp_path / "memory").mkdir()  # a v1 hierarchy, and no cgroup.controllers
+    config = tmp_path / "crihook.toml"
+    config.write_text(
+        '[hooks]\norder = ["cpuset"]\n[hooks.cpuset]\nshared_pool_in = "qos-cgroups"\n'
+    )
+    settings = apply_flags(
+        load_config(config), {"cgroup_root": str(tmp_path), "state_dir": str(tmp_path / "s")}
+    )
+    app = App(settings, node=TOPO)
+    with pytest.raises(ConfigError) as refused:
+        app.check_host()
+    assert refused.value.setting == "[hooks.cpuset] shared_pool_in"
+    assert "cgroup v1" in refused.value.problem
+    (tmp_path / "memory").rmdir()
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu\n")
+    app.check_host()  # v2: nothing to say
+
+
+# --- the ledger ------------------------------------------------------------------------------
+
+
+async def start(options: dict[str, Any] | None = None, cgroups: FakeCgroups | None = None) -> Node:
+    node = Node(CpusetHook({**QOS, **(options or {})}), TOPO, cgroups=cgroups or FakeCgroups())
+    await node.sync()
+    return node
+
+
+def cgroups_of(node: Node) -> FakeCgroups:
+    assert node.cgroups is not None
+    return node.cgroups
+
+
+def held(node: Node, path: str) -> frozenset[int]:
+    return parse_cpu_list(cgroups_of(node).qos[path])
+
+
+async def test_start_writes_every_qos_cgroup_with_the_pool() -> None:
+    cgroups = FakeCgroups()
+    cgroups.qos_missing = {SYSTEMD_BURSTABLE, SYSTEMD_BESTEFFORT}  # a cgroupfs node
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    assert sorted(cgroups.qos_writes) == [(BESTEFFORT, "0-15"), (BURSTABLE, "0-15")]
+    await node.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
+    assert len(cgroups.qos_writes) == 2  # nothing changed: nothing written again
+
+
+async def test_shared_containers_get_no_cpuset_and_no_update() -> None:
+    node = await start({"reserved_cpus": "0"})
+    b = await node.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
+    made = await node.create(b, burstable("app"), "b1")
+    assert made.pre is None and made.post is None
+    assert node.containers["b1"].resources.cpuset_cpus == ""
+    e = await node.run_pod(PodSpec("e", containers=[besteffort("app")]), "e")
+    await node.create(e, besteffort("app"), "e1")
+    # A Guaranteed pod's shared container (not whole CPUs) sits in kubepods: its own cpuset.
+    h = await node.run_pod(PodSpec("h", containers=[guaranteed("app", 500)]), "h")
+    half = await node.create(h, guaranteed("app", 500), "h1")
+    assert half.pre is not None and half.pre.changes[(Field.CPUSET_CPUS, "")] == "0-15"
+
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    pick = await node.begin_create(g, guaranteed("app", 2000))
+    exclusive = parse_cpu_list(pick.request.config.linux.resources.cpuset_cpus)
+    assert len(exclusive) == 2
+    # Narrowed in the pre stage, before the runtime makes the Guaranteed container.
+    assert held(node, BURSTABLE) == ONLINE - exclusive
+    assert held(node, BESTEFFORT) == ONLINE - exclusive
+    assert held(node, SYSTEMD_BURSTABLE) == ONLINE - exclusive
+    # Only the Guaranteed pod's shared container is sent the pool.
+    assert [u.container_id for u in every_update(pick.pre)] == ["h1"]
+    await node.finish_create(g, pick, "g1")
+    assert node.cpus("h1") == ONLINE - exclusive
+    assert node.containers["b1"].resources.cpuset_cpus == ""
+    assert node.containers["e1"].resources.cpuset_cpus == ""
+
+    # Given back: the QoS cgroups widen (post stage), the Guaranteed shared container follows.
+    gone = await node.remove("g1")
+    assert held(node, BURSTABLE) == ONLINE
+    assert held(node, BESTEFFORT) == ONLINE
+    assert [u.container_id for u in every_update(gone)] == ["h1"]
+
+
+async def test_a_failed_create_widens_them_back() -> None:
+    node = await start({"reserved_cpus": "0"})
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    pick = await node.begin_create(g, guaranteed("app", 2000))
+    assert held(node, BURSTABLE) != ONLINE
+    await node.fail_create(g, pick)
+    assert held(node, BURSTABLE) == ONLINE
+
+
+async def test_a_cpuset_kubelet_sent_is_cleared() -> None:
+    node = await start({"reserved_cpus": "0"})
+    b = await node.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
+    made = await node.create(b, burstable("app"), "b1", cpuset="0-3")
+    assert made.pre is not None
+    assert made.pre.changes[(Field.CPUSET_CPUS, "")] == ""
+    assert made.request.config.linux.resources.cpuset_cpus == ""
+    # kubelet's update with a cpuset: cleared too (an empty one keeps what the runtime has).
+    pre, _, request = await node.update("b1", api_pb2.LinuxContainerResources(cpuset_cpus="1"))
+    assert pre is not None and request.linux.cpuset_cpus == ""
+    pre, _, _ = await node.update("b1", api_pb2.LinuxContainerResources(cpu_shares=512))
+    assert pre is None
+
+
+async def test_systemd_pods_follow_their_slice() -> None:
+    node = await start({"reserved_cpus": "0"})
+    plain = node.sandbox_config
+
+    def systemd(spec: PodSpec, cpu_budget: int | None = None) -> api_pb2.PodSandboxConfig:
+        config = plain(spec, cpu_budget)
+        qos = config.linux.cgroup_parent.split("/")[-2]
+        tier = "" if qos == "kubepods" else f"-{qos}"
+        config.linux.cgroup_parent = f"kubepods{tier}-pod{spec.uid.replace('-', '_')}.slice"
+        return config
+
+    node.sandbox_config = systemd  # type: ignore[method-assign]
+    b = await node.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
+    assert b.cgroup_parent.startswith("kubepods-burstable-pod")
+    made = await node.create(b, burstable("app"), "b1")
+    assert made.pre is None
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
+    assert g.cgroup_parent.startswith("kubepods-pod")
+    await node.create(g, guaranteed("app", 1000), "g1")
+    assert held(node, SYSTEMD_BURSTABLE) == ONLINE - node.cpus("g1")
+
+
+async def test_a_qos_cgroup_kubelet_makes_later_is_written_at_its_first_pod() -> None:
+    cgroups = FakeCgroups()
+    cgroups.qos_missing = {BESTEFFORT}
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
+    await node.create(g, guaranteed("app", 1000), "g1")
+    assert BESTEFFORT not in cgroups.qos
+    cgroups.qos_missing = set()  # kubelet made it
+    await node.run_pod(PodSpec("e", containers=[besteffort("app")]), "e")
+    assert held(node, BESTEFFORT) == ONLINE - node.cpus("g1")
+
+
+async def test_a_failed_write_is_counted_and_retried() -> None:
+    cgroups = FakeCgroups()
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    hook = node.hook
+    assert hook.failures() == {"qos_cgroup_writes": 0}
+    cgroups.fail = {BURSTABLE}
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
+    made = await node.create(g, guaranteed("app", 1000), "g1")  # the call goes on
+    assert made.cid == "g1"
+    assert hook.failures()["qos_cgroup_writes"] >= 1
+    assert held(node, BURSTABLE) == ONLINE  # not narrowed yet
+    assert held(node, BESTEFFORT) == ONLINE - node.cpus("g1")  # the other one was
+    cgroups.fail = set()
+    for _ in range(100):  # the retry task's first try is 0.2 s after the failure
+        if held(node, BURSTABLE) != ONLINE:
+            break
+        await asyncio.sleep(0.05)
+    assert held(node, BURSTABLE) == ONLINE - node.cpus("g1")
+    await hook.close()
+
+
+async def test_the_retry_stops_at_close() -> None:
+    cgroups = FakeCgroups()
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    cgroups.fail = {BURSTABLE}
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
+    await node.create(g, guaranteed("app", 1000), "g1")
+    retry = node.hook._qos_retry  # type: ignore[attr-defined]
+    assert retry is not None and not retry.done()
+    await node.hook.close()
+    assert retry.cancelled()
+
+
+async def test_restart_writes_the_pool_and_moves_containers_off_their_own_cpuset() -> None:
+    """A node that ran with `containers`: its shared containers hold the pool as their
+    cpuset. With `qos-cgroups` they are given every CPU (CRI cannot clear a cpuset) after
+    their QoS cgroups were narrowed; a Guaranteed pod's shared container keeps the pool."""
+    old = Node(CpusetHook({"reserved_cpus": "0"}), TOPO)
+    await old.sync()
+    g = await old.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
+    await old.create(g, guaranteed("app", 1000), "g1")
+    b = await old.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
+    await old.create(b, burstable("app"), "b1")
+    h = await old.run_pod(PodSpec("h", containers=[guaranteed("app", 500)]), "h")
+    await old.create(h, guaranteed("app", 500), "h1")
+    exclusive = old.cpus("g1")
+    assert old.cpus("b1") == ONLINE - exclusive
+
+    cgroups = FakeCgroups()
+    new = Node(CpusetHook({**QOS, "reserved_cpus": "0"}), TOPO, cgroups=cgroups, state=old.state)
+    new.pods, new.specs, new.states = old.pods, old.specs, old.states
+    new.containers = dict(old.containers)
+    repairs = await new.sync()
+    assert held(new, BURSTABLE) == ONLINE - exclusive
+    assert [(u.container_id, u.resources.cpuset_cpus) for u in repairs] == [
+        ("b1", format_cpu_list(ONLINE))
+    ]
+    # From now on a pool change sends b1 nothing, h1 its pool.
+    g2 = await new.run_pod(PodSpec("g2", containers=[guaranteed("app", 1000)]), "g2")
+    made = await new.create(g2, guaranteed("app", 1000), "g2c")
+    assert [u.container_id for u in every_update(made.pre)] == ["h1"]
+    assert held(new, BURSTABLE) == ONLINE - exclusive - new.cpus("g2c")
+    assert new.states["b1"] is ContainerState.RUNNING
