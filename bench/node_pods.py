@@ -3,6 +3,7 @@ node?
 
     python -m bench.run --node-pods 0,100,500,1000 [--node-pods-updates after-answer]
                         [--node-pods-measure 50] [--node-pods-profile DIR]
+                        [--node-pods-pool-in containers|qos-cgroups]
 
 For each count N: crihook (`--hooks cpuset,numa,oom`) on the 256-CPU, 8-NUMA sysfs fixture
 (tests.lab.sysfs.EPYC_256_8NUMA) in front of the memory runtime (tests.lab.memory_runtime),
@@ -16,6 +17,14 @@ CreateContainer + StartContainer, and reported:
   caused included (the run waits until the runtime saw the last of them);
 - the update window (`crihook_container_update_window_seconds`): from a shared container
   due a new pool until the runtime applied it, over the measured pods (p50, max bucket).
+
+`--node-pods-pool-in qos-cgroups`: the cpuset hook holds the shared pool in the QoS cgroups
+of a fake cgroup v2 tree (`--cgroup-root`, tests.lab.fake_cgroup_tree) instead of every
+shared container's cpuset. Its window is not an update's: for each measured Guaranteed pod
+the run reads `kubepods/burstable/cpuset.cpus` when CreateContainer is answered (it must
+have lost the new exclusive CPU already: "narrowed late" counts those that had not), so the
+window, from the pick in the pre stage to the write, is bounded by that CreateContainer's
+wall time, reported as the QoS window.
 
 `--node-pods-profile DIR`: py-spy records crihook over the measured pods (and their
 updates), raw stacks in `DIR/<pods>.txt`, the top frames printed (needs py-spy).
@@ -36,7 +45,9 @@ from typing import Any
 import grpc
 
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
+from crihook.hooks.node import parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess
+from tests.lab.fake_cgroup_tree import QOS_PATHS, write_qos_tree
 from tests.lab.kubelet_encoding import ContainerSpec, PodSpec, container_config, sandbox_config
 from tests.lab.memory_runtime import MemoryRuntime
 from tests.lab.metrics_scrape import scrape
@@ -73,10 +84,19 @@ def _serve_runtime(socket_path: Path, applied: Any, stop: Any) -> None:
 
 
 class _Node:
-    def __init__(self, stub: api_pb2_grpc.RuntimeServiceStub, applied: Any) -> None:
+    def __init__(
+        self, stub: api_pb2_grpc.RuntimeServiceStub, applied: Any, qos_file: Path | None
+    ) -> None:
         self.stub = stub
         self.applied = applied
         self.started = 0
+        self.qos_file = qos_file
+        """The Burstable QoS cgroup's cpuset.cpus, with `qos-cgroups`."""
+        self.qos_windows: list[float] = []
+        """Per Guaranteed pod: its CreateContainer's wall time, which bounds the window
+        when the pool was narrowed before the answer."""
+        self.qos_late = 0
+        """Guaranteed pods whose CreateContainer was answered before the pool narrowed."""
 
     def pod_start(self) -> float:
         """One pod as kubelet starts it; its wall time in seconds."""
@@ -101,9 +121,23 @@ class _Node:
             config=container_config(spec, container, node_memory=256 * GIB),
             sandbox_config=config,
         )
+        before = self._qos_count() if guaranteed else None
+        sent = time.perf_counter()
         cid = self.stub.CreateContainer(request, timeout=60).container_id
+        if before is not None:
+            self._check_narrowed(before, time.perf_counter() - sent)
         self.stub.StartContainer(api_pb2.StartContainerRequest(container_id=cid), timeout=60)
         return time.perf_counter() - begun
+
+    def _qos_count(self) -> int | None:
+        if self.qos_file is None:
+            return None
+        return len(parse_cpu_list(self.qos_file.read_text().strip()))
+
+    def _check_narrowed(self, before: int, create_wall: float) -> None:
+        if self._qos_count() != before - 1:  # one exclusive CPU per Guaranteed pod
+            self.qos_late += 1
+        self.qos_windows.append(create_wall)
 
     def updates_seen(self) -> int:
         return int(self.applied.value)
@@ -167,13 +201,26 @@ def _quantile_bound(before: dict[float, float], after: dict[float, float], q: fl
 
 
 def measure_node(
-    pods: int, measure: int, updates: str, say: Any = print, profile: Path | None = None
+    pods: int,
+    measure: int,
+    updates: str,
+    say: Any = print,
+    profile: Path | None = None,
+    pool_in: str = "containers",
 ) -> dict[str, Any]:
     """One count: fill the node with `pods` pods, then time `measure` more (recorded by
     py-spy into `profile/<pods>.txt` when `profile` is given)."""
     with tempfile.TemporaryDirectory(prefix="np-", dir="/tmp") as tmp:
         workdir = Path(tmp)
         root = write_sysfs(workdir / "sys", EPYC_256_8NUMA)
+        extra: list[str] = []
+        config = None
+        qos_file = None
+        if pool_in == "qos-cgroups":
+            cgroups = write_qos_tree(workdir / "cgroup")
+            extra = ["--cgroup-root", str(cgroups)]
+            config = '[hooks.cpuset]\nshared_pool_in = "qos-cgroups"\n'
+            qos_file = cgroups / QOS_PATHS["cgroupfs"][0] / "cpuset.cpus"
         spawn = multiprocessing.get_context("spawn")  # no grpc state carried over a fork
         applied, stop = spawn.Value("q", 0), spawn.Event()
         runtime = spawn.Process(
@@ -190,15 +237,16 @@ def measure_node(
             f"unix://{workdir}/rt.sock",
             workdir=workdir,
             hooks="cpuset,numa,oom",
+            config=config,
             args=[
                 "--sysfs-root", str(root), "--log-level", "warning",
-                "--metrics-listen", metrics, "--updates", updates,
+                "--metrics-listen", metrics, "--updates", updates, *extra,
             ],
         )  # fmt: skip
         try:
             proc.start()
             with grpc.insecure_channel(proc.endpoint) as channel:
-                node = _Node(api_pb2_grpc.RuntimeServiceStub(channel), applied)
+                node = _Node(api_pb2_grpc.RuntimeServiceStub(channel), applied, qos_file)
                 began = time.monotonic()
                 for _ in range(pods):
                     node.pod_start()
@@ -208,6 +256,7 @@ def measure_node(
                 assert proc.proc is not None
                 spy = _record(proc.proc.pid, profile, pods) if profile is not None else None
                 cpu0 = _cpu_seconds(proc.proc.pid)
+                node.qos_windows, node.qos_late = [], 0  # the measured pods' only
                 walls = [node.pod_start() for _ in range(measure)]
                 node.settle()
                 cpu = _cpu_seconds(proc.proc.pid) - cpu0  # the updates included
@@ -231,21 +280,34 @@ def measure_node(
         "updates_applied": int(count_after - count_before),
         "window_p50_le_s": _quantile_bound(before, after, 0.5),
         "window_max_le_s": _quantile_bound(before, after, 1.0),
+        "shared_pool_in": pool_in,
+        "qos_window_ms_p50": _ms(statistics.median(node.qos_windows)) if node.qos_windows else None,
+        "qos_window_ms_max": _ms(max(node.qos_windows)) if node.qos_windows else None,
+        "qos_narrowed_late": node.qos_late if qos_file is not None else None,
     }
 
 
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 2)
+
+
 def run_node_pods(
-    counts: list[int], measure: int, updates: str, profile: Path | None = None
+    counts: list[int],
+    measure: int,
+    updates: str,
+    profile: Path | None = None,
+    pool_in: str = "containers",
 ) -> str:
     """Every count, one after another; a markdown table with the ratios to the count 100."""
     rows = []
     for pods in counts:
-        rows.append(measure_node(pods, measure, updates, profile=profile))
+        rows.append(measure_node(pods, measure, updates, profile=profile, pool_in=pool_in))
         print(f"[node-pods] {rows[-1]}", flush=True)
     base = next((r for r in rows if r["pods_on_node"] == 100), None)
     lines = [
         f"pod start through cpuset,numa,oom, EPYC_256_8NUMA fixture, memory runtime, "
-        f"updates = {updates}, {measure} pod starts measured per row, every "
+        f"updates = {updates}, shared_pool_in = {pool_in}, {measure} pod starts measured per "
+        "row, every "
         f"{GUARANTEED_EVERY}th Guaranteed (1 CPU); {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load {os.getloadavg()[0]:.1f}",
         "",
@@ -253,6 +315,9 @@ def run_node_pods(
         "updates applied | window p50 (≤) | window max (≤) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    if pool_in == "qos-cgroups":
+        lines[2] = lines[2].rstrip() + " QoS window p50 / max (≤) | narrowed late |"
+        lines[3] += " ---: | ---: |"
     for r in rows:
         ratio = ""
         if base is not None and base is not r:
@@ -265,4 +330,9 @@ def run_node_pods(
             f"{r['crihook_cpu_ms_per_pod']} ms | {r['updates_applied']} | "
             f"{r['window_p50_le_s'] * 1e3:g} ms | {r['window_max_le_s'] * 1e3:g} ms |"
         )
+        if pool_in == "qos-cgroups":
+            lines[-1] += (
+                f" {r['qos_window_ms_p50']} / {r['qos_window_ms_max']} ms |"
+                f" {r['qos_narrowed_late']} |"
+            )
     return "\n".join(lines)

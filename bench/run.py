@@ -1257,6 +1257,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="after-answer", help="crihook's `updates` setting for --node-pods",
     )  # fmt: skip
     p.add_argument(
+        "--node-pods-pool-in", choices=("containers", "qos-cgroups"), default="containers",
+        help="--node-pods: the cpuset hook's `shared_pool_in` (qos-cgroups: on a fake cgroup "
+        "v2 tree, --cgroup-root)",
+    )  # fmt: skip
+    p.add_argument(
         "--node-pods-measure", type=int, default=50, metavar="M",
         help="pod starts measured per count for --node-pods (default: %(default)s)",
     )  # fmt: skip
@@ -1433,7 +1438,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(n) for n in args.node_pods.split(",")]
         print(
             node_pods.run_node_pods(
-                counts, args.node_pods_measure, args.node_pods_updates, args.node_pods_profile
+                counts,
+                args.node_pods_measure,
+                args.node_pods_updates,
+                args.node_pods_profile,
+                pool_in=args.node_pods_pool_in,
             )
         )
         return 0
