@@ -14,7 +14,6 @@ from typing import Any
 from crihook.proxy.config import (
     ChainSettings,
     HookSettings,
-    NodeSettings,
     RecordSettings,
     Settings,
     parse_hook_name,
@@ -51,11 +50,10 @@ def settings_doc(settings: Settings) -> dict[str, Any]:
             "topology_policy": settings.node.topology_policy,
             "topology_scope": settings.node.topology_scope,
             "staging_dir": str(settings.node.staging_dir),
+            "cgroup_root": str(settings.node.cgroup_root),
         },
         "record": _record_doc(settings.record),
     }
-    if settings.node.cgroup_root != NodeSettings().cgroup_root:  # older docs lack it
-        doc["node"]["cgroup_root"] = str(settings.node.cgroup_root)
     if server.socket_group is not None:
         doc["socket_group"] = server.socket_group
     if server.metrics_listen is not None:
