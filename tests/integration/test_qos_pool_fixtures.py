@@ -5,8 +5,12 @@ the runtime says which containers were updated."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from crihook.api.cri.v1 import api_pb2, api_pb2_grpc
-from crihook.hooks.node import parse_cpu_list
+from crihook.hooks.node import cgroup_version, parse_cpu_list
 from tests.lab.crihook_proc import CrihookProcess, short_tmpdir
 from tests.lab.fake_cgroup_tree import QOS_PATHS, qos_cpus, write_qos_tree, write_v1_tree
 from tests.lab.fixture_machine import crihook_on_fixture
@@ -88,9 +92,15 @@ def test_the_pool_is_held_in_the_qos_cgroups() -> None:
         assert qos_cpus(root, BURSTABLE) == online - held
 
 
-def test_crihook_refuses_qos_cgroups_on_cgroup_v1() -> None:
+@pytest.mark.parametrize("host", ["fake v1 tree", "this host"])
+def test_crihook_refuses_qos_cgroups_on_cgroup_v1(host: str) -> None:
     workdir = short_tmpdir("qp1-")
-    root = write_v1_tree(workdir / "cgroup")
+    if host == "this host":
+        root = Path("/sys/fs/cgroup")
+        if cgroup_version(root) != 1:
+            pytest.skip("this host is not on cgroup v1")
+    else:
+        root = write_v1_tree(workdir / "cgroup")
     runtime = MemoryRuntime(workdir / "rt.sock").start()
     proc = CrihookProcess(
         runtime.endpoint,
