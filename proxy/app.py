@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from crihook.proxy.ops.metrics_http import MetricsServer
     from crihook.proxy.record.recorder import Recorder
 
-__all__ = ["App", "run"]
+__all__ = ["App", "check_host", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -230,22 +230,6 @@ class App:
             hook = load_local_hook(hook_settings)
             entries.append(Chain.entry(hook, hook_settings))
         self.chain.set_builtin(entries)
-
-    def check_host(self) -> None:
-        """The built-in hooks' options against this host (their `HostCheck`), before
-        anything is served: ConfigError naming the first option the host cannot do."""
-        checks = []
-        for hook_settings in self.settings.chain.hooks:
-            builtin = BUILTIN_HOOKS.get(hook_settings.base_name)
-            check = builtin.host_checker() if builtin and not hook_settings.module else None
-            if check is not None:
-                checks.append((hook_settings, check))
-        if not checks:
-            return  # no file system look-up for a chain that does not care
-        version = cgroup_version(self.settings.node.cgroup_root)
-        for hook_settings, check in checks:
-            for option, problem in check(hook_settings.options, version):
-                raise ConfigError(f"[hooks.{hook_settings.base_name}] {option}", problem)
 
     def _snapshot(
         self,
@@ -483,7 +467,7 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
-        self.check_host()
+        check_host(settings)
         await self._write_node_doc()
         metrics_server = None
         if self.metrics is not None:
@@ -619,6 +603,23 @@ def journal_in_thread(state_dir: Path) -> bool:
             blocking,
         )
     return blocking is not None
+
+
+def check_host(settings: Settings) -> None:
+    """The built-in hooks' options against this host (their `HostCheck`), before anything
+    is served: ConfigError naming the first option the host cannot do."""
+    checks = []
+    for hook_settings in settings.chain.hooks:
+        builtin = BUILTIN_HOOKS.get(hook_settings.base_name)
+        check = builtin.host_checker() if builtin and not hook_settings.module else None
+        if check is not None:
+            checks.append((hook_settings, check))
+    if not checks:
+        return  # no file system look-up for a chain that does not care
+    version = cgroup_version(settings.node.cgroup_root)
+    for hook_settings, check in checks:
+        for option, problem in check(hook_settings.options, version):
+            raise ConfigError(f"[hooks.{hook_settings.base_name}] {option}", problem)
 
 
 async def run(settings: Settings, claimed: Claimed | None = None) -> int:

@@ -31,8 +31,10 @@ With `shared_pool_in = "qos-cgroups"` (cgroup v2) the containers of Burstable an
 pods get no cpuset (one kubelet sent is cleared) and are no members of the pools' group
 updates: the pools are written to kubelet's QoS cgroups (`qos_pools.py`), which they inherit.
 Every stage that may change a pool ends by writing what is due, in a thread, before it
-returns: a pick narrows them in its pre stage, before the runtime makes the container; a
-release widens them in its post or failed stage. A write that fails is logged, counted
+returns: a new container's pick narrows them in its post stage (before kubelet hears OK and
+can start it; a call refused later, or a dry-run, writes nothing), an in-place resize in its
+pre stage (the running container takes its CPUs when the runtime applies it); a release
+widens them in its post or failed stage. A write that fails is logged, counted
 (`failures`) and tried again (0.2 s doubling to 5 s, and at every later stage); the call
 goes on. Containers of Guaranteed pods (directly in `kubepods`) keep their cpusets and
 their updates.
@@ -206,13 +208,13 @@ class CpuLedger(Hook):
         cpus = self._take(pool.free(), count, ctx.affinity, what)
         self._keep_node_shared_pool(cpus, what)
         pool.reserve_bubble(ctx.pod.uid, cpus)
-        await self._follow_pool()
         return None  # the sandbox itself runs as the runtime places it; the bubble is ours
 
     async def post_run_pod_sandbox(self, ctx: HookContext) -> Adjustment | None:
         if self._qos is not None:
             # kubelet made the pod's cgroup, so its QoS cgroup, before asking: written now,
-            # before any container of the pod is made, if it was not there before.
+            # before any container of the pod is made, if it was not there before (and a
+            # bubble's CPUs leave the pools).
             self._qos.learn(ctx.pod.cgroup_parent, appeared=True)
             await self._follow_pool()
         if self._bubble(ctx.pod) is None:
@@ -247,11 +249,6 @@ class CpuLedger(Hook):
         return {"cpu": self._hints(self.pool.free(), reusable, count)}
 
     async def pre_create_container(self, ctx: HookContext) -> Adjustment | None:
-        adjustment = await self._pre_create(ctx)
-        await self._follow_pool()  # an exclusive pick narrowed the pools: the QoS cgroups too
-        return adjustment
-
-    async def _pre_create(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
         pool = self.pool
         bubble = pool.bubble_of(ctx.pod.id)
@@ -326,6 +323,10 @@ class CpuLedger(Hook):
         key = reservation_key(ctx.pod.id, container.name, container.attempt)
         confirmed = pool.confirm(key, cid)
         if confirmed is not None:
+            # The pick narrowed the pools: the QoS cgroups follow before kubelet hears OK,
+            # so before it can start the container (not in the pre stage: a call a later
+            # hook refuses, or a dry-run, then writes nothing).
+            await self._follow_pool()
             if confirmed.cpus and self.config.disable_cfs_quota:
                 self._unlimit_pod_quota(ctx.pod)
             return None
@@ -364,7 +365,9 @@ class CpuLedger(Hook):
     # --- UpdateContainerResources: what crihook set stays -------------------------------------
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
         adjustment = self._pre_update(ctx)
-        await self._follow_pool()  # a resize of exclusive CPUs narrowed the pools
+        # A resize that grows exclusive CPUs narrowed the pools: the QoS cgroups first, the
+        # running container takes its new CPUs as soon as the runtime applies the update.
+        await self._follow_pool()
         return adjustment
 
     def _pre_update(self, ctx: HookContext) -> Adjustment | None:

@@ -124,7 +124,7 @@ def test_qos_cgroups_needs_cgroup_v2(version: int | None, refused: list[str]) ->
 
 
 def test_crihook_refuses_qos_cgroups_on_cgroup_v1(tmp_path: Path) -> None:
-    from crihook.proxy.app import App
+    from crihook.proxy.app import check_host
     from crihook.proxy.config import apply_flags, load_config
     from crihook.proxy.errors import ConfigError
 
@@ -136,14 +136,13 @@ def test_crihook_refuses_qos_cgroups_on_cgroup_v1(tmp_path: Path) -> None:
     settings = apply_flags(
         load_config(config), {"cgroup_root": str(tmp_path), "state_dir": str(tmp_path / "s")}
     )
-    app = App(settings, node=TOPO)
     with pytest.raises(ConfigError) as refused:
-        app.check_host()
+        check_host(settings)
     assert refused.value.setting == "[hooks.cpuset] shared_pool_in"
     assert "cgroup v1" in refused.value.problem
     (tmp_path / "memory").rmdir()
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu\n")
-    app.check_host()  # v2: nothing to say
+    check_host(settings)  # v2: nothing to say
 
 
 # --- the ledger ------------------------------------------------------------------------------
@@ -190,13 +189,15 @@ async def test_shared_containers_get_no_cpuset_and_no_update() -> None:
     pick = await node.begin_create(g, guaranteed("app", 2000))
     exclusive = parse_cpu_list(pick.request.config.linux.resources.cpuset_cpus)
     assert len(exclusive) == 2
-    # Narrowed in the pre stage, before the runtime makes the Guaranteed container.
-    assert held(node, BURSTABLE) == ONLINE - exclusive
-    assert held(node, BESTEFFORT) == ONLINE - exclusive
-    assert held(node, SYSTEMD_BURSTABLE) == ONLINE - exclusive
+    assert held(node, BURSTABLE) == ONLINE  # the pick alone writes nothing (a later hook
+    # may refuse the call)
     # Only the Guaranteed pod's shared container is sent the pool.
     assert [u.container_id for u in every_update(pick.pre)] == ["h1"]
     await node.finish_create(g, pick, "g1")
+    # Narrowed in the post stage: before kubelet hears OK, so before it starts the container.
+    assert held(node, BURSTABLE) == ONLINE - exclusive
+    assert held(node, BESTEFFORT) == ONLINE - exclusive
+    assert held(node, SYSTEMD_BURSTABLE) == ONLINE - exclusive
     assert node.cpus("h1") == ONLINE - exclusive
     assert node.containers["b1"].resources.cpuset_cpus == ""
     assert node.containers["e1"].resources.cpuset_cpus == ""
@@ -208,13 +209,32 @@ async def test_shared_containers_get_no_cpuset_and_no_update() -> None:
     assert [u.container_id for u in every_update(gone)] == ["h1"]
 
 
-async def test_a_failed_create_widens_them_back() -> None:
+async def test_a_failed_create_writes_nothing() -> None:
     node = await start({"reserved_cpus": "0"})
+    writes = len(cgroups_of(node).qos_writes)
     g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
     pick = await node.begin_create(g, guaranteed("app", 2000))
-    assert held(node, BURSTABLE) != ONLINE
-    await node.fail_create(g, pick)
+    await node.fail_create(g, pick)  # refused by a later hook, the runtime, or a dry-run
+    assert len(cgroups_of(node).qos_writes) == writes
     assert held(node, BURSTABLE) == ONLINE
+
+
+async def test_an_in_place_resize_narrows_them_before_the_runtime_and_back_if_it_fails() -> None:
+    node = await start({"reserved_cpus": "0", "resize_exclusive_cpus": True})
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    await node.create(g, guaranteed("app", 2000), "g1")
+    grow = api_pb2.LinuxContainerResources(cpu_shares=4096, cpu_quota=400_000, cpu_period=100_000)
+    before = len(cgroups_of(node).qos_writes)
+    pre = await node.fail_update("g1", grow)  # the pre stage ran: then the runtime said no
+    asked = parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")])
+    during = [cpus for path, cpus in cgroups_of(node).qos_writes[before:] if path == BURSTABLE]
+    # Narrowed by the pre stage, before the runtime was asked; widened again when it failed.
+    assert [parse_cpu_list(c) for c in during] == [ONLINE - asked, ONLINE - node.cpus("g1")]
+    assert held(node, BURSTABLE) == ONLINE - node.cpus("g1")
+    _, _, request = await node.update("g1", grow)
+    grown = parse_cpu_list(request.linux.cpuset_cpus)
+    assert len(grown) == 4
+    assert held(node, BURSTABLE) == ONLINE - grown
 
 
 async def test_a_cpuset_kubelet_sent_is_cleared() -> None:
