@@ -31,7 +31,6 @@ from google.protobuf.message import DecodeError
 
 from crihook import __version__
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.builtin import BUILTIN_HOOKS
 from crihook.hooks.node import (
     Host,
     HostFiles,
@@ -44,13 +43,12 @@ from crihook.hooks.node import (
     PyrouteNetlink,
     Staging,
     Topology,
-    cgroup_version,
 )
 from crihook.hooks.node.mounts import MountTable
 from crihook.hooks.spec import ContainerState, ContainerUpdate, ContainerView, PodView
 from crihook.hooks.spec.limits import node_hugepage_sizes
 from crihook.proxy.chain.chain import Chain
-from crihook.proxy.chain.local_hooks import load_local_hook
+from crihook.proxy.chain.local_hooks import host_problems, load_local_hook
 from crihook.proxy.chain.merge import stamp
 from crihook.proxy.chain.plugins import PluginDirectory, crihook_sockets
 from crihook.proxy.config import Settings
@@ -63,7 +61,6 @@ from crihook.proxy.cri.outcome import Outcome
 from crihook.proxy.cri.readiness import Readiness
 from crihook.proxy.cri.runtime import RuntimeCallFailed
 from crihook.proxy.early import Claimed, claim
-from crihook.proxy.errors import ConfigError
 from crihook.proxy.ops import call_log, sdnotify
 from crihook.proxy.ops.call_log import CallLog
 from crihook.proxy.ops.node_doc import NODE_FILE, node_doc, read_topology, write_node_doc
@@ -80,7 +77,7 @@ if TYPE_CHECKING:
     from crihook.proxy.ops.metrics_http import MetricsServer
     from crihook.proxy.record.recorder import Recorder
 
-__all__ = ["App", "check_host", "run"]
+__all__ = ["App", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +464,8 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
-        check_host(settings)
+        for problem in host_problems(settings.chain.hooks, settings.node.cgroup_root):
+            raise problem  # before anything is served: exit 2, naming the option
         await self._write_node_doc()
         metrics_server = None
         if self.metrics is not None:
@@ -603,23 +601,6 @@ def journal_in_thread(state_dir: Path) -> bool:
             blocking,
         )
     return blocking is not None
-
-
-def check_host(settings: Settings) -> None:
-    """The built-in hooks' options against this host (their `HostCheck`), before anything
-    is served: ConfigError naming the first option the host cannot do."""
-    checks = []
-    for hook_settings in settings.chain.hooks:
-        builtin = BUILTIN_HOOKS.get(hook_settings.base_name)
-        check = builtin.host_checker() if builtin and not hook_settings.module else None
-        if check is not None:
-            checks.append((hook_settings, check))
-    if not checks:
-        return  # no file system look-up for a chain that does not care
-    version = cgroup_version(settings.node.cgroup_root)
-    for hook_settings, check in checks:
-        for option, problem in check(hook_settings.options, version):
-            raise ConfigError(f"[hooks.{hook_settings.base_name}] {option}", problem)
 
 
 async def run(settings: Settings, claimed: Claimed | None = None) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from crihook.hooks.builtin import BUILTIN_HOOKS
+from crihook.hooks.node import cgroup_version
 from crihook.hooks.spec import (
     Adjustment,
     ContainerUpdate,
@@ -23,7 +25,7 @@ from crihook.hooks.spec import (
 from crihook.proxy.config import HookSettings
 from crihook.proxy.errors import ConfigError
 
-__all__ = ["LocalHook", "load_local_hook"]
+__all__ = ["LocalHook", "host_problems", "load_local_hook"]
 
 StageMethod = Callable[[HookContext], Coroutine[Any, Any, Adjustment | ResourceHints | None]]
 
@@ -99,3 +101,23 @@ def load_local_hook(settings: HookSettings) -> LocalHook:
     if not hook.subscriptions():
         raise ConfigError(section, f"{target} implements no stage method (pre_/post_...)")
     return hook
+
+
+def host_problems(hooks: Sequence[HookSettings], cgroup_root: Path) -> list[ConfigError]:
+    """The built-in hooks' options checked against this host (their `HostCheck`): one
+    ConfigError per option the host cannot do, naming it. `serve` refuses to start on the
+    first, `crihook check` lists them all."""
+    checks = []
+    for hook in hooks:
+        builtin = BUILTIN_HOOKS.get(hook.base_name)
+        check = builtin.host_checker() if builtin is not None and not hook.module else None
+        if check is not None:
+            checks.append((hook, check))
+    if not checks:
+        return []  # no file system look-up for a chain that does not care
+    version = cgroup_version(cgroup_root)
+    return [
+        ConfigError(f"[hooks.{hook.base_name}] {option}", problem)
+        for hook, check in checks
+        for option, problem in check(hook.options, version)
+    ]

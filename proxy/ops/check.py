@@ -40,7 +40,7 @@ from crihook.hooks.node import cgroup_version
 from crihook.hooks.node.staging import propagation_of
 from crihook.hooks.remote.client import check_socket
 from crihook.proxy.chain.dropin_files import read_dropins
-from crihook.proxy.chain.local_hooks import load_local_hook
+from crihook.proxy.chain.local_hooks import host_problems, load_local_hook
 from crihook.proxy.chain.plugins import (
     crihook_sockets,
     dropin_endpoint_problem,
@@ -198,6 +198,8 @@ def _hook_findings(settings: Settings) -> list[Finding]:
         else:
             state = "" if hook.enabled else " (disabled)"
             found.append(Finding(Level.OK, f"hook {hook.name}", f"builds{state}"))
+    for problem in host_problems(settings.chain.hooks, settings.node.cgroup_root):
+        found.append(Finding(Level.ERROR, "host", str(problem)))
     return found
 
 

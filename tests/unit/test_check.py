@@ -391,3 +391,24 @@ def test_drop_ins_named_like_a_hook_or_one_another_are_errors(tmp_path: Path) ->
     ]  # fmt: skip
     empty = replace(settings.chain, plugins_dir=tmp_path / "none")
     assert [f.level for f in dropin_findings(replace(settings, chain=empty))] == [Level.NOTE]
+
+
+def test_an_option_this_host_cannot_do_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[hooks.cpuset]\nshared_pool_in = "qos-cgroups"\n')
+    cgroup = tmp_path / "cgroup"
+    (cgroup / "memory").mkdir(parents=True)  # cgroup v1
+    argv = ["check", "--config", str(config), "--hooks", "cpuset", "--cgroup-root", str(cgroup),
+            "--plugins-dir", str(tmp_path / "hooks.d"),
+            "--runtime-endpoint", str(tmp_path / "absent.sock")]  # fmt: skip
+    assert main(argv) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert "ok       hook 20-cpuset: builds" in lines
+    assert any(
+        line.startswith(
+            'error    host: [hooks.cpuset] shared_pool_in: "qos-cgroups" needs cgroup v2'
+        )
+        for line in lines
+    )

@@ -124,25 +124,21 @@ def test_qos_cgroups_needs_cgroup_v2(version: int | None, refused: list[str]) ->
 
 
 def test_crihook_refuses_qos_cgroups_on_cgroup_v1(tmp_path: Path) -> None:
-    from crihook.proxy.app import check_host
-    from crihook.proxy.config import apply_flags, load_config
-    from crihook.proxy.errors import ConfigError
+    from crihook.proxy.chain.local_hooks import host_problems
+    from crihook.proxy.config import HookSettings
 
     (tmp_path / "memory").mkdir()  # a v1 hierarchy, and no cgroup.controllers
-    config = tmp_path / "crihook.toml"
-    config.write_text(
-        '[hooks]\norder = ["cpuset"]\n[hooks.cpuset]\nshared_pool_in = "qos-cgroups"\n'
-    )
-    settings = apply_flags(
-        load_config(config), {"cgroup_root": str(tmp_path), "state_dir": str(tmp_path / "s")}
-    )
-    with pytest.raises(ConfigError) as refused:
-        check_host(settings)
-    assert refused.value.setting == "[hooks.cpuset] shared_pool_in"
-    assert "cgroup v1" in refused.value.problem
+    hooks = [HookSettings(name="20-cpuset", options=QOS), HookSettings(name="40-oom")]
+    [refused] = host_problems(hooks, tmp_path)
+    assert refused.setting == "[hooks.cpuset] shared_pool_in"
+    assert "cgroup v1" in refused.problem
+    assert host_problems([HookSettings(name="20-cpuset")], tmp_path) == []
+    # A hook of that name that is not the built-in one is not judged by the built-in's rule.
+    custom = HookSettings(name="20-cpuset", options=QOS, module="example.hooks:Cpuset")
+    assert host_problems([custom], tmp_path) == []
     (tmp_path / "memory").rmdir()
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu\n")
-    check_host(settings)  # v2: nothing to say
+    assert host_problems(hooks, tmp_path) == []  # v2: nothing to say
 
 
 # --- the ledger ------------------------------------------------------------------------------
