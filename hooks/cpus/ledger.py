@@ -619,6 +619,10 @@ class CpuLedger(Hook):
             due = qos.due(self.pool)  # the pool as it is now, after any write before us
             if not due:
                 return
+            # In a thread, unlike the CFS quota lift: narrowing a QoS cgroup makes the kernel
+            # walk every cgroup below it and re-pin each of their tasks (cpuset_mutex held),
+            # which grows with the node; the loop keeps serving meanwhile. The hop costs the
+            # few calls that change a pool ~0.5 ms.
             results = await asyncio.to_thread(_write_qos, self._cgroups, due)
         failed = False
         for (path, text), result in zip(due, results, strict=True):
