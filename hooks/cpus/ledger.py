@@ -30,14 +30,16 @@ scheduler's CPUs, or the cpuset kept on an update.
 With `shared_pool_in = "qos-cgroups"` (cgroup v2) the containers of Burstable and BestEffort
 pods get no cpuset (one kubelet sent is cleared) and are no members of the pools' group
 updates: the pools are written to kubelet's QoS cgroups (`qos_pools.py`), which they inherit.
-Every stage that may change a pool ends by writing what is due, in a thread, before it
-returns: a new container's pick narrows them in its post stage (before kubelet hears OK and
-can start it; a call refused later, or a dry-run, writes nothing), an in-place resize in its
-pre stage (the running container takes its CPUs when the runtime applies it); a release
-widens them in its post or failed stage. A write that fails is logged, counted
-(`failures`) and tried again (0.2 s doubling to 5 s, and at every later stage); the call
-goes on. Containers of Guaranteed pods (directly in `kubepods`) keep their cpusets and
-their updates.
+The stage that makes a pool change final ends by writing what is due, in a thread, before
+it returns: a new container's pick narrows them in its post stage (before kubelet hears OK
+and can start it; a call refused later, or a dry-run, writes nothing), and so does an
+in-place resize (the resized container shares its new CPUs with the QoS cgroups' containers
+for the runtime's update call, milliseconds, as a per-container update's window does under
+`containers`); a release widens them in its post stage, a failed call in its failed stage
+only when another call wrote the pools it had narrowed meanwhile. A write that fails is
+logged, counted (`failures`) and tried again (0.2 s doubling to 5 s, and at every later
+stage); the call goes on. Containers of Guaranteed pods (directly in `kubepods`) keep their
+cpusets and their updates.
 """
 
 from __future__ import annotations
@@ -364,13 +366,6 @@ class CpuLedger(Hook):
 
     # --- UpdateContainerResources: what crihook set stays -------------------------------------
     async def pre_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
-        adjustment = self._pre_update(ctx)
-        # A resize that grows exclusive CPUs narrowed the pools: the QoS cgroups first, the
-        # running container takes its new CPUs as soon as the runtime applies the update.
-        await self._follow_pool()
-        return adjustment
-
-    def _pre_update(self, ctx: HookContext) -> Adjustment | None:
         container = _container(ctx)
         holder = self.pool.containers.get(container.id)
         want = desired_cpus(self.pool, container.id)
@@ -395,10 +390,17 @@ class CpuLedger(Hook):
         before = self._resized.pop(container.id, None)
         if before is not None:  # the runtime did not resize it: it holds what it held
             self.pool.record(container.id, before)
+            # Its pre stage wrote nothing; this writes only if another call's stage wrote
+            # the narrowed pools meanwhile (nothing due costs a few dict look-ups).
             await self._follow_pool()
 
     async def post_update_container_resources(self, ctx: HookContext) -> Adjustment | None:
-        self._resized.pop(_container(ctx).id, None)
+        if self._resized.pop(_container(ctx).id, None) is not None:
+            # A resize that grew exclusive CPUs narrowed the pools: the QoS cgroups follow
+            # now, not in the pre stage (a call a later hook refuses, or a dry-run, writes
+            # nothing). The container shares its new CPUs with the QoS cgroups' containers
+            # for the runtime's update call, as a per-container update's window does.
+            await self._follow_pool()
         return None
 
     def _resize_exclusive(

@@ -19,7 +19,7 @@ from crihook.hooks.cpus.report import ledger_host_check
 from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import LinuxPodCgroups, format_cpu_list, parse_cpu_list
 from crihook.hooks.node.qos import QosCgroup, qos_cgroup
-from crihook.hooks.spec import ContainerState, Field
+from crihook.hooks.spec import ContainerState, Event, Field, Stage
 from tests.lab.kubelet_encoding import PodSpec
 from tests.unit.hook_harness import (
     SMALL,
@@ -215,22 +215,62 @@ async def test_a_failed_create_writes_nothing() -> None:
     assert held(node, BURSTABLE) == ONLINE
 
 
-async def test_an_in_place_resize_narrows_them_before_the_runtime_and_back_if_it_fails() -> None:
+async def test_an_in_place_resize_narrows_them_in_its_post_stage() -> None:
+    node = await start({"reserved_cpus": "0", "resize_exclusive_cpus": True})
+    cgroups = cgroups_of(node)
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    await node.create(g, guaranteed("app", 2000), "g1")
+    created_with = node.cpus("g1")
+    grow = api_pb2.LinuxContainerResources(cpu_shares=4096, cpu_quota=400_000, cpu_period=100_000)
+    before = len(cgroups.qos_writes)
+    # Refused after its pre stage (by the runtime, a later hook, or a dry-run): nothing
+    # was written, so nothing is widened back either.
+    pre = await node.fail_update("g1", grow)
+    assert len(parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")])) == 4
+    assert cgroups.qos_writes[before:] == []
+    assert held(node, BURSTABLE) == ONLINE - created_with
+
+    # Its pre stage picks the CPUs and writes nothing; the post stage narrows them, after
+    # the runtime gave the container its CPUs (shared with the QoS cgroup's containers for
+    # that call only).
+    view, event = node.containers["g1"], Event.UPDATE_CONTAINER_RESOURCES
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="g1", linux=grow)
+    pre = await node.stage(event, Stage.PRE, g, view, request)
+    grown = parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")])
+    assert len(grown) == 4 and grown > created_with
+    assert cgroups.qos_writes[before:] == []
+    response = api_pb2.UpdateContainerResourcesResponse()
+    assert await node.stage(event, Stage.POST, g, view, request, response) is None
+    assert held(node, BURSTABLE) == ONLINE - grown
+    assert held(node, BESTEFFORT) == ONLINE - grown
+    after = len(cgroups.qos_writes)
+
+    # Shrunk back to what it was created with: widened in the post stage too.
+    shrink = api_pb2.LinuxContainerResources(cpu_shares=2048, cpu_quota=200_000, cpu_period=100_000)
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="g1", linux=shrink)
+    pre = await node.stage(event, Stage.PRE, g, view, request)
+    assert parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")]) == created_with
+    assert len(cgroups.qos_writes) == after
+    await node.stage(event, Stage.POST, g, view, request, response)
+    assert held(node, BURSTABLE) == ONLINE - created_with
+
+
+async def test_a_failed_resize_widens_them_back_if_another_call_wrote_its_pick() -> None:
     node = await start({"reserved_cpus": "0", "resize_exclusive_cpus": True})
     g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
     await node.create(g, guaranteed("app", 2000), "g1")
     grow = api_pb2.LinuxContainerResources(cpu_shares=4096, cpu_quota=400_000, cpu_period=100_000)
-    before = len(cgroups_of(node).qos_writes)
-    pre = await node.fail_update("g1", grow)  # the pre stage ran: then the runtime said no
-    asked = parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")])
-    during = [cpus for path, cpus in cgroups_of(node).qos_writes[before:] if path == BURSTABLE]
-    # Narrowed by the pre stage, before the runtime was asked; widened again when it failed.
-    assert [parse_cpu_list(c) for c in during] == [ONLINE - asked, ONLINE - node.cpus("g1")]
-    assert held(node, BURSTABLE) == ONLINE - node.cpus("g1")
-    _, _, request = await node.update("g1", grow)
-    grown = parse_cpu_list(request.linux.cpuset_cpus)
-    assert len(grown) == 4
-    assert held(node, BURSTABLE) == ONLINE - grown
+    view, event = node.containers["g1"], Event.UPDATE_CONTAINER_RESOURCES
+    request = api_pb2.UpdateContainerResourcesRequest(container_id="g1", linux=grow)
+    pre = await node.stage(event, Stage.PRE, g, view, request)
+    grown = parse_cpu_list(pre.changes[(Field.CPUSET_CPUS, "")])
+    # Meanwhile another pod's container is created: its post stage writes the pools as the
+    # ledger has them, the resize's pick left out too.
+    h = await node.run_pod(PodSpec("h", containers=[guaranteed("app", 1000)]), "h")
+    await node.create(h, guaranteed("app", 1000), "h1")
+    assert held(node, BURSTABLE) == ONLINE - grown - node.cpus("h1")
+    await node.stage(event, Stage.FAILED, g, view, request, failure="runtime said no")
+    assert held(node, BURSTABLE) == ONLINE - node.cpus("g1") - node.cpus("h1")
 
 
 async def test_a_cpuset_kubelet_sent_is_cleared() -> None:
