@@ -22,7 +22,8 @@ more) is not made; a controller file missing in a pod cgroup that exists is an e
 
 One write goes a level up, to a QoS cgroup kubelet made (``write_qos_cpus``, cgroup v2
 only): the cpuset hook's shared pool held in ``cpuset.cpus`` of ``kubepods/burstable`` and
-``kubepods/besteffort`` (``crihook.hooks.node.qos``), which their pods' containers inherit.
+``kubepods/besteffort`` (``crihook.hooks.node.qos``), which their pods' containers inherit;
+``read_qos_cpus`` reads it back, so the hook sees when someone else reset it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ class PodCgroups(Protocol):
         Blocking: call it from a thread."""
         ...
 
+    def read_qos_cpus(self, qos_path: str) -> str | None:
+        """What the QoS cgroup's ``cpuset.cpus`` holds (a cpulist, stripped; empty: every
+        CPU of its parent), or None when the cgroup does not exist. OSError naming the file
+        when the read fails; ValueError for a path that climbs out. Blocking: call it from
+        a thread."""
+        ...
+
 
 def shares_to_weight(shares: int) -> int:
     """cgroup v1 cpu shares (2..262144) as a v2 cpu.weight (1..10000), as kubelet and runc
@@ -117,14 +125,27 @@ class LinuxPodCgroups:
         # An empty cpuset.cpus on cgroup v2 means "inherit every CPU": never written.
         if not cpus.strip():
             raise ValueError(f"an empty cpuset for {qos_path!r} would hand it every CPU")
-        parts = qos_path.strip("/").split("/")
-        if not all(parts) or ".." in parts:
-            raise ValueError(f"not a QoS cgroup path: {qos_path!r}")
-        cgroup = self.cgroup_root.joinpath(*parts)
+        cgroup = self._qos_cgroup(qos_path)
         if not cgroup.is_dir():
             return False
         _write(cgroup / "cpuset.cpus", cpus)
         return True
+
+    def read_qos_cpus(self, qos_path: str) -> str | None:
+        cgroup = self._qos_cgroup(qos_path)
+        if not cgroup.is_dir():
+            return None
+        path = cgroup / "cpuset.cpus"
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def _qos_cgroup(self, qos_path: str) -> Path:
+        parts = qos_path.strip("/").split("/")
+        if not all(parts) or ".." in parts:
+            raise ValueError(f"not a QoS cgroup path: {qos_path!r}")
+        return self.cgroup_root.joinpath(*parts)
 
 
 _Plan = list[tuple[str | None, str, str]]

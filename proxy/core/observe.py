@@ -182,8 +182,8 @@ class ObservedHost:
 
 
 class ObservedCgroups:
-    """`PodCgroups` whose every write is noted (as the host's: `write_pod_limits`,
-    `write_qos_cpus`)."""
+    """`PodCgroups` whose every write and read is noted (as the host's: `write_pod_limits`,
+    `write_qos_cpus`, `read_qos_cpus`)."""
 
     def __init__(self, cgroups: PodCgroups) -> None:
         self.cgroups = cgroups
@@ -202,6 +202,11 @@ class ObservedCgroups:
             "write_qos_cpus",
             [qos_path, cpus],
             lambda: self.cgroups.write_qos_cpus(qos_path, cpus),
+        )
+
+    def read_qos_cpus(self, qos_path: str) -> str | None:
+        return _note(
+            "host", "read_qos_cpus", [qos_path], lambda: self.cgroups.read_qos_cpus(qos_path)
         )
 
 

@@ -212,7 +212,7 @@ class RecordedNode:
         effect["result"] = False if answer is _MISSING else bool(answer)
         return bool(effect["result"])
 
-    # PodCgroups: noted, never written
+    # PodCgroups: writes noted, never carried out; reads answered from the recording
     def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
         args = [cgroup_parent, limits.to_dict()]
         effect = self._effect("write_pod_limits", args)
@@ -225,6 +225,10 @@ class RecordedNode:
         answer = self._ask("host", "write_qos_cpus", [qos_path, cpus])
         effect["result"] = False if answer is _MISSING else bool(answer)
         return bool(effect["result"])
+
+    def read_qos_cpus(self, qos_path: str) -> str | None:
+        answer = self._ask("host", "read_qos_cpus", [qos_path])
+        return None if answer is _MISSING or answer is None else str(answer)
 
     # HostFiles
     def resolve(self, path: str) -> str:

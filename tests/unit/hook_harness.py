@@ -194,7 +194,9 @@ class FakeCgroups:
         """QoS cgroup path → its cpuset.cpus as last written."""
         self.qos_writes: list[tuple[str, str]] = []
         self.qos_missing: set[str] = set()
-        """QoS cgroups kubelet has not made yet (the write answers False)."""
+        """QoS cgroups kubelet has not made yet (the write answers False, the read None)."""
+        self.qos_reads: list[str] = []
+        self.read_fail: set[str] = set()
 
     def write_limits(self, cgroup_parent: str, limits: PodLimits) -> list[str]:
         if cgroup_parent in self.fail:
@@ -210,6 +212,14 @@ class FakeCgroups:
         self.qos_writes.append((qos_path, cpus))
         self.qos[qos_path] = cpus
         return True
+
+    def read_qos_cpus(self, qos_path: str) -> str | None:
+        if qos_path in self.read_fail:
+            raise PermissionError(13, f"cannot read /fake/{qos_path}/cpuset.cpus: denied")
+        self.qos_reads.append(qos_path)
+        if qos_path in self.qos_missing:
+            return None
+        return self.qos.get(qos_path, "")  # kubelet makes it with an empty one
 
 
 class FakeStaging:

@@ -20,6 +20,10 @@ from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import LinuxPodCgroups, format_cpu_list, parse_cpu_list
 from crihook.hooks.node.qos import QosCgroup, qos_cgroup
 from crihook.hooks.spec import ContainerState, Event, Field, Stage
+from crihook.proxy.core import observe
+from crihook.proxy.core.observe import ObservedCgroups
+from crihook.proxy.replay.seams import RecordedNode
+from crihook.proxy.state.store import Store
 from tests.lab.kubelet_encoding import PodSpec
 from tests.unit.hook_harness import (
     SMALL,
@@ -94,6 +98,45 @@ def test_write_qos_cpus_on_a_cgroup_tree(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a QoS cgroup path"):
         cgroups.write_qos_cpus("kubepods/../..", "0")
     assert (qos / "cpuset.cpus").read_text() == "0-3,8"
+
+
+def test_read_qos_cpus_on_a_cgroup_tree(tmp_path: Path) -> None:
+    qos = tmp_path / "kubepods" / "burstable"
+    qos.mkdir(parents=True)
+    (qos / "cpuset.cpus").write_text("\n")  # as kubelet made it: every CPU of its parent
+    cgroups = LinuxPodCgroups(tmp_path)
+    assert cgroups.read_qos_cpus(BURSTABLE) == ""
+    (qos / "cpuset.cpus").write_text("0-3,8\n")
+    assert cgroups.read_qos_cpus(BURSTABLE) == "0-3,8"
+    assert cgroups.read_qos_cpus(BESTEFFORT) is None  # kubelet has not made it
+    with pytest.raises(ValueError, match="not a QoS cgroup path"):
+        cgroups.read_qos_cpus("kubepods/../..")
+    (qos / "cpuset.cpus").unlink()  # the cpuset controller not enabled there
+    with pytest.raises(OSError, match=r"cannot read .*kubepods/burstable/cpuset\.cpus"):
+        cgroups.read_qos_cpus(BURSTABLE)
+
+
+def test_a_qos_read_is_noted_for_a_recording_and_answered_by_a_replay(tmp_path: Path) -> None:
+    cgroups = FakeCgroups()
+    cgroups.qos[BURSTABLE] = "1-15"
+    cgroups.qos_missing = {BESTEFFORT}
+    observed, token = observe.begin()
+    try:
+        assert ObservedCgroups(cgroups).read_qos_cpus(BURSTABLE) == "1-15"
+        assert ObservedCgroups(cgroups).read_qos_cpus(BESTEFFORT) is None
+    finally:
+        observe.end(token)
+    assert [(o.seam, o.op, o.args, o.result) for o in observed] == [
+        ("host", "read_qos_cpus", [BURSTABLE], "1-15"),
+        ("host", "read_qos_cpus", [BESTEFFORT], None),
+    ]
+    replayed = RecordedNode(Store(tmp_path))
+    replayed.begin([o._asdict() for o in observed])
+    assert replayed.read_qos_cpus(BURSTABLE) == "1-15"
+    assert replayed.read_qos_cpus(BESTEFFORT) is None
+    assert replayed.read_qos_cpus(SYSTEMD_BURSTABLE) is None  # not recorded: not there
+    assert replayed.effects == []  # a read changes nothing on the host
+    assert replayed.missing == [f"host.read_qos_cpus({SYSTEMD_BURSTABLE!r},)"]
 
 
 # --- the option, and the hosts it needs -----------------------------------------------------
