@@ -38,8 +38,10 @@ for the runtime's update call, milliseconds, as a per-container update's window 
 `containers`); a release widens them in its post stage, a failed call in its failed stage
 only when another call wrote the pools it had narrowed meanwhile. A write that fails is
 logged, counted (`failures`) and tried again (0.2 s doubling to 5 s, and at every later
-stage); the call goes on. Containers of Guaranteed pods (directly in `kubepods`) keep their
-cpusets and their updates.
+stage); the call goes on. Every `QOS_VERIFY_SECONDS` (10 s, kubelet's default
+`cpuManagerReconcilePeriod`) a task started at synchronize reads them back and writes the
+pool again to each someone reset behind crihook's back (logged, counted). Containers of
+Guaranteed pods (directly in `kubepods`) keep their cpusets and their updates.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from crihook.hooks.cpus.hints import cpu_hints
 from crihook.hooks.cpus.koordinator import (
@@ -66,7 +68,7 @@ from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_
 from crihook.hooks.cpus.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpus.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpus.pool_update import PoolUpdate
-from crihook.hooks.cpus.qos_pools import QosPools, pool_of_qos
+from crihook.hooks.cpus.qos_pools import QosPools, pool_of_qos, same_cpus
 from crihook.hooks.cpus.reconcile import desired_cpus, reconcile
 from crihook.hooks.cpus.rules import bubble_cpus, exclusive_cpus, slice_cpus
 from crihook.hooks.node import Host, PodCgroups, Topology, format_cpu_list, parse_cpu_list
@@ -94,8 +96,15 @@ __all__ = ["CpuLedger"]
 
 log = logging.getLogger(__name__)
 
+_Item = TypeVar("_Item")
+_R = TypeVar("_R")
+
 QOS_RETRY_FIRST_SECONDS = 0.2
 QOS_RETRY_MAX_SECONDS = 5.0
+QOS_VERIFY_SECONDS = 10.0
+"""How often the QoS cgroups' `cpuset.cpus` are read back and written again where someone
+reset them: kubelet's default `cpuManagerReconcilePeriod`, the bound kubelet keeps on a
+container's cpuset."""
 
 
 class CpuLedger(Hook):
@@ -123,6 +132,7 @@ class CpuLedger(Hook):
         self._qos_lock = asyncio.Lock()
         """One QoS write at a time: the one queued behind another writes the newest pool."""
         self._qos_retry: asyncio.Task[None] | None = None
+        self._qos_verify: asyncio.Task[None] | None = None
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -155,6 +165,7 @@ class CpuLedger(Hook):
                 log.error("cpuset: shared_pool_in = qos-cgroups, but no cgroups are given")
             self._qos.rewrite()
             await self._follow_pool()
+            self._verify_qos_periodically()
         pool = self._pool
         log.info(
             "cpuset: %d container(s), %d exclusive; shared pool %s, reserved %s",
@@ -166,14 +177,24 @@ class CpuLedger(Hook):
         return updates
 
     def failures(self) -> Mapping[str, int]:
-        """QoS cgroup writes that failed (each tried again), with `qos-cgroups`."""
-        return {} if self._qos is None else {"qos_cgroup_writes": self._qos.failures}
+        """With `qos-cgroups`: QoS cgroup writes that failed (each tried again), QoS cgroups
+        found reset behind crihook's back (each written again), and reads back that failed
+        (read again at the next check)."""
+        qos = self._qos
+        if qos is None:
+            return {}
+        return {
+            "qos_cgroup_writes": qos.failures,
+            "qos_cgroup_repairs": qos.repairs,
+            "qos_cgroup_reads": qos.read_failures,
+        }
 
     async def close(self) -> None:
-        task, self._qos_retry = self._qos_retry, None
-        if task is not None:
+        tasks = [t for t in (self._qos_retry, self._qos_verify) if t is not None]
+        self._qos_retry = self._qos_verify = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def usage(self) -> list[PoolUsage]:
         """CPUs held exclusively (containers, bubbles, reservations), in the node's shared
@@ -618,14 +639,19 @@ class CpuLedger(Hook):
         if qos is None or not qos.due(self.pool):
             return
         async with self._qos_lock:
-            due = qos.due(self.pool)  # the pool as it is now, after any write before us
-            if not due:
-                return
-            # In a thread, unlike the CFS quota lift: narrowing a QoS cgroup makes the kernel
-            # walk every cgroup below it and re-pin each of their tasks (cpuset_mutex held),
-            # which grows with the node; the loop keeps serving meanwhile. The hop costs the
-            # few calls that change a pool ~0.5 ms.
-            results = await asyncio.to_thread(_write_qos, self._cgroups, due)
+            await self._write_due(qos)
+
+    async def _write_due(self, qos: QosPools) -> None:
+        """Write what is due, the pool as it is now (after any write before this one);
+        holding `_qos_lock`."""
+        due = qos.due(self.pool)
+        if not due:
+            return
+        # In a thread, unlike the CFS quota lift: narrowing a QoS cgroup makes the kernel
+        # walk every cgroup below it and re-pin each of their tasks (cpuset_mutex held),
+        # which grows with the node; the loop keeps serving meanwhile. The hop costs the
+        # few calls that change a pool ~0.5 ms.
+        results = await asyncio.to_thread(_on_each, self._cgroups, due, _write_one)
         failed = False
         for (path, text), result in zip(due, results, strict=True):
             if isinstance(result, Exception):
@@ -662,6 +688,62 @@ class CpuLedger(Hook):
             if self._qos.failures == before:
                 return
             delay = min(delay * 2, QOS_RETRY_MAX_SECONDS)
+
+    def _verify_qos_periodically(self) -> None:
+        if self._qos_verify is not None and not self._qos_verify.done():
+            return
+        # An empty context, as the retry's: its reads and writes belong to no recorded call.
+        self._qos_verify = asyncio.get_running_loop().create_task(
+            self._verify_qos_every_period(),
+            name="crihook-cpuset-qos-verify",
+            context=contextvars.Context(),
+        )
+
+    async def _verify_qos_every_period(self) -> None:
+        while True:
+            await asyncio.sleep(QOS_VERIFY_SECONDS)
+            await self._verify_qos()
+
+    async def _verify_qos(self) -> None:
+        """Read back each QoS cgroup crihook wrote and that is there (one thread hop for
+        all), and write the pool again to each found holding other CPUs: systemd
+        re-applying a slice's empty `AllowedCPUs=`, an operator or another tool reset it.
+        Under `_qos_lock`, so no write of crihook's own lands between the read and the
+        comparison with what it wrote."""
+        qos = self._qos
+        assert qos is not None
+        async with self._qos_lock:
+            given = dict(qos.written)
+            if not given:
+                return
+            found = await asyncio.to_thread(_on_each, self._cgroups, list(given), _read_one)
+            reset: dict[str, str] = {}
+            for (path, text), held in zip(given.items(), found, strict=True):
+                if isinstance(held, Exception):
+                    qos.read_failures += 1
+                    log.warning(
+                        "cpuset: QoS cgroup %s: its cpuset.cpus could not be checked: %s "
+                        "(read again in %g s)",
+                        path,
+                        held,
+                        QOS_VERIFY_SECONDS,
+                    )
+                elif held is not None and not same_cpus(held, text):
+                    qos.reset_found(path)
+                    reset[path] = held
+            if not reset:
+                return
+            due = dict(qos.due(self.pool))
+            for path, held in reset.items():
+                log.warning(
+                    "cpuset: QoS cgroup %s held cpuset.cpus %s, not the pool %s crihook gave "
+                    "it (reset behind its back): given %s again",
+                    path,
+                    held or '"" (every CPU of its parent)',
+                    given[path],
+                    due.get(path, "nothing (the pool is empty)"),
+                )
+            await self._write_due(qos)
 
     # --- helpers -----------------------------------------------------------------------------
     def _unlimit_pod_quota(self, pod: PodView) -> None:
@@ -802,21 +884,30 @@ def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPo
     return pool
 
 
-def _write_qos(
-    cgroups: PodCgroups | None, due: Sequence[tuple[str, str]]
-) -> list[bool | Exception]:
-    """Each (QoS cgroup, cpulist) written (in a thread): True, False when it is not there
-    yet, or the error."""
-    out: list[bool | Exception] = []
-    for path, text in due:
+def _on_each(
+    cgroups: PodCgroups | None, items: Sequence[_Item], call: Callable[[PodCgroups, _Item], _R]
+) -> list[_R | Exception]:
+    """`call` on each QoS cgroup item, in a thread: its answer, or the error."""
+    out: list[_R | Exception] = []
+    for item in items:
         if cgroups is None:
             out.append(RuntimeError("no cgroups seam given to the hook"))
             continue
         try:
-            out.append(cgroups.write_qos_cpus(path, text))
+            out.append(call(cgroups, item))
         except (OSError, ValueError) as exc:
             out.append(exc)
     return out
+
+
+def _write_one(cgroups: PodCgroups, due: tuple[str, str]) -> bool:
+    """True, or False when the QoS cgroup is not there yet."""
+    return cgroups.write_qos_cpus(*due)
+
+
+def _read_one(cgroups: PodCgroups, path: str) -> str | None:
+    """What it holds, or None when it is not there (any more)."""
+    return cgroups.read_qos_cpus(path)
 
 
 def _no_cpuset(sent: str, whose: str) -> Adjustment | None:

@@ -10,7 +10,9 @@ per container.
 
 This module only keeps the books: which QoS cgroups there are (kubelet's default paths for
 either driver, and the parents of the pods seen), what each was last given, which were not
-there yet. The ledger writes what `due` lists, through the `PodCgroups` seam, in a thread.
+there yet. The ledger writes what `due` lists, through the `PodCgroups` seam, in a thread,
+and every `QOS_VERIFY_SECONDS` reads back what it wrote (`written`): one found holding
+other CPUs (`same_cpus`) was reset behind crihook's back and is due again (`reset_found`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,26 @@ from dataclasses import dataclass, field
 
 from crihook.hooks.cpus.koordinator import BE_POOL, SHARED_POOL
 from crihook.hooks.cpus.pool import CpuPool
+from crihook.hooks.node import parse_cpu_list
 from crihook.hooks.node.qos import DEFAULT_QOS_CGROUPS, QOS_BESTEFFORT, QosCgroup, qos_cgroup
 
-__all__ = ["QosPools", "pool_of_qos"]
+__all__ = ["QosPools", "pool_of_qos", "same_cpus"]
 
 
 def pool_of_qos(qos: str) -> str:
     """The node pool a QoS cgroup holds: a BestEffort pod's containers run on the BE pool,
     every other's on the shared pool (`koordinator.member_pool`)."""
     return BE_POOL if qos == QOS_BESTEFFORT else SHARED_POOL
+
+
+def same_cpus(held: str, written: str) -> bool:
+    """Whether a QoS cgroup's `cpuset.cpus` as read back holds the cpulist written there,
+    compared as sets of CPUs (the kernel prints ranges: "0-3" is "0,1,2,3"). Text that is
+    no cpulist differs."""
+    try:
+        return parse_cpu_list(held) == parse_cpu_list(written)
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -43,6 +56,11 @@ class QosPools:
     pool changes or a pod in it is seen (kubelet made it by then), not on every call."""
     failures: int = 0
     """Writes that failed (logged; retried)."""
+    repairs: int = 0
+    """QoS cgroups found holding other CPUs than they were given (reset behind crihook's
+    back: systemd, an operator, another tool), and written again."""
+    read_failures: int = 0
+    """Reads back that failed (logged; read again at the next check)."""
 
     def learn(self, cgroup_parent: str, *, appeared: bool = False) -> QosCgroup | None:
         """The QoS cgroup a pod's cgroup sits in (None: a Guaranteed pod, or a parent that
@@ -73,6 +91,11 @@ class QosPools:
             self.absent.pop(path, None)
         else:
             self.absent[path] = text
+
+    def reset_found(self, path: str) -> None:
+        """`path` was read back holding other CPUs than it was given: due again."""
+        self.repairs += 1
+        self.written.pop(path, None)
 
     def failed(self, path: str) -> None:
         self.failures += 1

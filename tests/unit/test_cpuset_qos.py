@@ -8,13 +8,17 @@ The path mapping and the file write are pure or on a temp tree; the ledger runs 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
+from crihook.hooks.cpus import ledger as ledger_module
 from crihook.hooks.cpus.options import host_problems, parse_options
+from crihook.hooks.cpus.qos_pools import same_cpus
 from crihook.hooks.cpus.report import ledger_host_check
 from crihook.hooks.cpuset import CpusetHook
 from crihook.hooks.node import LinuxPodCgroups, format_cpu_list, parse_cpu_list
@@ -43,6 +47,7 @@ BURSTABLE = "kubepods/burstable"
 BESTEFFORT = "kubepods/besteffort"
 SYSTEMD_BURSTABLE = "kubepods.slice/kubepods-burstable.slice"
 SYSTEMD_BESTEFFORT = "kubepods.slice/kubepods-besteffort.slice"
+PATIENCE = 30.0
 
 
 # --- where the QoS cgroup is --------------------------------------------------------------
@@ -209,6 +214,7 @@ async def test_start_writes_every_qos_cgroup_with_the_pool() -> None:
     assert sorted(cgroups.qos_writes) == [(BESTEFFORT, "0-15"), (BURSTABLE, "0-15")]
     await node.run_pod(PodSpec("b", containers=[burstable("app")]), "b")
     assert len(cgroups.qos_writes) == 2  # nothing changed: nothing written again
+    await node.hook.close()
 
 
 async def test_shared_containers_get_no_cpuset_and_no_update() -> None:
@@ -246,6 +252,7 @@ async def test_shared_containers_get_no_cpuset_and_no_update() -> None:
     assert held(node, BURSTABLE) == ONLINE
     assert held(node, BESTEFFORT) == ONLINE
     assert [u.container_id for u in every_update(gone)] == ["h1"]
+    await node.hook.close()
 
 
 async def test_a_failed_create_writes_nothing() -> None:
@@ -256,6 +263,7 @@ async def test_a_failed_create_writes_nothing() -> None:
     await node.fail_create(g, pick)  # refused by a later hook, the runtime, or a dry-run
     assert len(cgroups_of(node).qos_writes) == writes
     assert held(node, BURSTABLE) == ONLINE
+    await node.hook.close()
 
 
 async def test_an_in_place_resize_narrows_them_in_its_post_stage() -> None:
@@ -296,6 +304,7 @@ async def test_an_in_place_resize_narrows_them_in_its_post_stage() -> None:
     assert len(cgroups.qos_writes) == after
     await node.stage(event, Stage.POST, g, view, request, response)
     assert held(node, BURSTABLE) == ONLINE - created_with
+    await node.hook.close()
 
 
 async def test_a_failed_resize_widens_them_back_if_another_call_wrote_its_pick() -> None:
@@ -314,6 +323,7 @@ async def test_a_failed_resize_widens_them_back_if_another_call_wrote_its_pick()
     assert held(node, BURSTABLE) == ONLINE - grown - node.cpus("h1")
     await node.stage(event, Stage.FAILED, g, view, request, failure="runtime said no")
     assert held(node, BURSTABLE) == ONLINE - node.cpus("g1") - node.cpus("h1")
+    await node.hook.close()
 
 
 async def test_a_cpuset_kubelet_sent_is_cleared() -> None:
@@ -328,6 +338,7 @@ async def test_a_cpuset_kubelet_sent_is_cleared() -> None:
     assert pre is not None and request.linux.cpuset_cpus == ""
     pre, _, _ = await node.update("b1", api_pb2.LinuxContainerResources(cpu_shares=512))
     assert pre is None
+    await node.hook.close()
 
 
 async def test_systemd_pods_follow_their_slice() -> None:
@@ -350,6 +361,7 @@ async def test_systemd_pods_follow_their_slice() -> None:
     assert g.cgroup_parent.startswith("kubepods-pod")
     await node.create(g, guaranteed("app", 1000), "g1")
     assert held(node, SYSTEMD_BURSTABLE) == ONLINE - node.cpus("g1")
+    await node.hook.close()
 
 
 async def test_a_qos_cgroup_kubelet_makes_later_is_written_at_its_first_pod() -> None:
@@ -362,13 +374,18 @@ async def test_a_qos_cgroup_kubelet_makes_later_is_written_at_its_first_pod() ->
     cgroups.qos_missing = set()  # kubelet made it
     await node.run_pod(PodSpec("e", containers=[besteffort("app")]), "e")
     assert held(node, BESTEFFORT) == ONLINE - node.cpus("g1")
+    await node.hook.close()
 
 
 async def test_a_failed_write_is_counted_and_retried() -> None:
     cgroups = FakeCgroups()
     node = await start({"reserved_cpus": "0"}, cgroups)
     hook = node.hook
-    assert hook.failures() == {"qos_cgroup_writes": 0}
+    assert hook.failures() == {
+        "qos_cgroup_writes": 0,
+        "qos_cgroup_repairs": 0,
+        "qos_cgroup_reads": 0,
+    }
     cgroups.fail = {BURSTABLE}
     g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
     made = await node.create(g, guaranteed("app", 1000), "g1")  # the call goes on
@@ -395,6 +412,137 @@ async def test_the_retry_stops_at_close() -> None:
     assert retry is not None and not retry.done()
     await node.hook.close()
     assert retry.cancelled()
+
+
+# --- read back every QOS_VERIFY_SECONDS --------------------------------------------------------
+
+
+class Held(NamedTuple):
+    held: str
+    written: str
+    same: bool
+
+
+HELD = {
+    "equal text": Held("0-3,8", "0-3,8", True),
+    "ranges and a list": Held("0-3", "0,1,2,3", True),
+    "whitespace": Held("0-3\n", "0-3", True),
+    "reset to every CPU": Held("", "1-15", False),
+    "wider": Held("0-15", "1-15", False),
+    "narrower": Held("2-15", "1-15", False),
+    "no cpulist": Held("all", "1-15", False),
+}
+
+
+@pytest.mark.parametrize("row", HELD.values(), ids=HELD.keys())
+def test_what_a_qos_cgroup_holds_compared_as_cpus(row: Held) -> None:
+    assert same_cpus(row.held, row.written) is row.same
+
+
+async def until(predicate: Callable[[], object], what: str) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+async def checked(node: Node, rounds: int = 2) -> None:
+    """Until the verification read every QoS cgroup crihook wrote `rounds` more times."""
+    cgroups = cgroups_of(node)
+    want = len(cgroups.qos_reads) + rounds * len(cgroups.qos)
+    await until(lambda: len(cgroups.qos_reads) >= want, "the QoS cgroups read back")
+
+
+@pytest.fixture
+def verify_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_module, "QOS_VERIFY_SECONDS", 0.001)
+
+
+@pytest.mark.usefixtures("verify_often")
+async def test_a_qos_cgroup_reset_behind_crihooks_back_is_written_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cgroups = FakeCgroups()
+    cgroups.qos_missing = {SYSTEMD_BURSTABLE, SYSTEMD_BESTEFFORT}  # a cgroupfs node
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    await node.create(g, guaranteed("app", 2000), "g1")
+    pool = format_cpu_list(ONLINE - node.cpus("g1"))
+    await checked(node)
+    assert set(cgroups.qos_reads) == {BURSTABLE, BESTEFFORT}  # only those there
+    writes = len(cgroups.qos_writes)
+    caplog.set_level(logging.WARNING, logger="crihook.hooks.cpus.ledger")
+    cgroups.qos[BURSTABLE] = ""  # systemd re-applied the slice's empty AllowedCPUs=
+    await until(lambda: cgroups.qos[BURSTABLE] != "", "the QoS cgroup written again")
+    assert cgroups.qos_writes[writes:] == [(BURSTABLE, pool)]  # only the one reset
+    assert node.hook.failures()["qos_cgroup_repairs"] == 1
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning == (
+        f'cpuset: QoS cgroup {BURSTABLE} held cpuset.cpus "" (every CPU of its parent), not '
+        f"the pool {pool} crihook gave it (reset behind its back): given {pool} again"
+    )
+    await checked(node)
+    assert node.hook.failures()["qos_cgroup_repairs"] == 1  # repaired once, not again
+    await node.hook.close()
+
+
+@pytest.mark.usefixtures("verify_often")
+async def test_the_same_cpus_written_otherwise_are_left_alone() -> None:
+    cgroups = FakeCgroups()
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 2000)]), "g")
+    await node.create(g, guaranteed("app", 2000), "g1")
+    writes = len(cgroups.qos_writes)
+    spelled_out = ",".join(str(cpu) for cpu in sorted(ONLINE - node.cpus("g1")))
+    cgroups.qos[BURSTABLE] = spelled_out  # the same CPUs, not as crihook wrote them
+    await checked(node)
+    assert len(cgroups.qos_writes) == writes
+    assert node.hook.failures()["qos_cgroup_repairs"] == 0
+    await node.hook.close()
+
+
+@pytest.mark.usefixtures("verify_often")
+async def test_a_failed_read_back_is_counted_and_read_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cgroups = FakeCgroups()
+    node = await start({"reserved_cpus": "0"}, cgroups)
+    writes = len(cgroups.qos_writes)
+    caplog.set_level(logging.WARNING, logger="crihook.hooks.cpus.ledger")
+    cgroups.read_fail = {BURSTABLE}
+    await until(lambda: node.hook.failures()["qos_cgroup_reads"] >= 2, "two failed reads")
+    assert f"cpuset: QoS cgroup {BURSTABLE}: its cpuset.cpus could not be checked" in (
+        caplog.records[0].getMessage()
+    )
+    cgroups.read_fail = set()
+    cgroups.qos[BURSTABLE] = ""
+    await until(lambda: cgroups.qos[BURSTABLE] != "", "read again, and written again")
+    assert cgroups.qos_writes[writes:] == [(BURSTABLE, format_cpu_list(ONLINE))]
+    await node.hook.close()
+
+
+@pytest.mark.usefixtures("verify_often")
+async def test_the_check_belongs_to_no_recorded_call_and_stops_at_close() -> None:
+    cgroups = FakeCgroups()
+    node = Node(CpusetHook(QOS), TOPO, cgroups=ObservedCgroups(cgroups))  # type: ignore[arg-type]
+    observed, token = observe.begin()  # as a recording notes a synchronize
+    try:
+        await node.sync()
+    finally:
+        observe.end(token)
+    assert {o.op for o in observed} == {"write_qos_cpus"}
+    await until(lambda: len(cgroups.qos_reads) >= 2 * len(cgroups.qos), "two checks")
+    assert {o.op for o in observed} == {"write_qos_cpus"}  # the reads noted nowhere
+    verify = node.hook._qos_verify  # type: ignore[attr-defined]
+    assert verify is not None and not verify.done()
+    await node.hook.close()
+    assert verify.cancelled()
+
+
+async def test_no_check_without_qos_cgroups() -> None:
+    node = Node(CpusetHook({"reserved_cpus": "0"}), TOPO, cgroups=FakeCgroups())
+    await node.sync()
+    assert node.hook._qos_verify is None  # type: ignore[attr-defined]
+    assert node.hook.failures() == {}
 
 
 async def test_restart_writes_the_pool_and_moves_containers_off_their_own_cpuset() -> None:
@@ -427,3 +575,4 @@ async def test_restart_writes_the_pool_and_moves_containers_off_their_own_cpuset
     assert [u.container_id for u in every_update(made.pre)] == ["h1"]
     assert held(new, BURSTABLE) == ONLINE - exclusive - new.cpus("g2c")
     assert new.states["b1"] is ContainerState.RUNNING
+    await new.hook.close()
