@@ -29,28 +29,26 @@ scheduler's CPUs, or the cpuset kept on an update.
 
 With `shared_pool_in = "qos-cgroups"` (cgroup v2) the containers of Burstable and BestEffort
 pods get no cpuset (one kubelet sent is cleared) and are no members of the pools' group
-updates: the pools are written to kubelet's QoS cgroups (`qos_pools.py`), which they inherit.
-The stage that makes a pool change final ends by writing what is due, in a thread, before
-it returns: a new container's pick narrows them in its post stage (before kubelet hears OK
-and can start it; a call refused later, or a dry-run, writes nothing), and so does an
-in-place resize (the resized container shares its new CPUs with the QoS cgroups' containers
-for the runtime's update call, milliseconds, as a per-container update's window does under
-`containers`); a release widens them in its post stage, a failed call in its failed stage
-only when another call wrote the pools it had narrowed meanwhile. A write that fails is
-logged, counted (`failures`) and tried again (0.2 s doubling to 5 s, and at every later
-stage); the call goes on. Every `QOS_VERIFY_SECONDS` (10 s, kubelet's default
-`cpuManagerReconcilePeriod`) a task started at synchronize reads them back and writes the
-pool again to each someone reset behind crihook's back (logged, counted). Containers of
-Guaranteed pods (directly in `kubepods`) keep their cpusets and their updates.
+updates: the pools are written to kubelet's QoS cgroups, which they inherit (`qos_pools.py`
+keeps the books, `qos_writer.py` writes, retries and reads back). The stage that makes a
+pool change final ends by writing what is due, in a thread, before it returns: a new
+container's pick narrows them in its post stage (before kubelet hears OK and can start it;
+a call refused later, or a dry-run, writes nothing), and so does an in-place resize (the
+resized container shares its new CPUs with the QoS cgroups' containers for the runtime's
+update call, milliseconds, as a per-container update's window does under `containers`); a
+release widens them in its post stage, a failed call in its failed stage only when another
+call wrote the pools it had narrowed meanwhile. A write that fails is logged, counted
+(`failures`) and tried again; the call goes on. Every 10 s (kubelet's default
+`cpuManagerReconcilePeriod`) they are read back and given the pool again where someone reset
+them behind crihook's back (logged, counted). Containers of Guaranteed pods (directly in
+`kubepods`) keep their cpusets and their updates.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from crihook.hooks.cpus.hints import cpu_hints
 from crihook.hooks.cpus.koordinator import (
@@ -68,11 +66,10 @@ from crihook.hooks.cpus.options import CpusetOptions, node_reserved_cpus, parse_
 from crihook.hooks.cpus.picker import CPUAllocationError, take_cpus
 from crihook.hooks.cpus.pool import CpuPool, Holder, reservation_key
 from crihook.hooks.cpus.pool_update import PoolUpdate
-from crihook.hooks.cpus.qos_pools import QosPools, pool_of_qos, same_cpus
+from crihook.hooks.cpus.qos_writer import QosWriter
 from crihook.hooks.cpus.reconcile import desired_cpus, reconcile
 from crihook.hooks.cpus.rules import bubble_cpus, exclusive_cpus, slice_cpus
-from crihook.hooks.node import Host, PodCgroups, Topology, format_cpu_list, parse_cpu_list
-from crihook.hooks.node.qos import qos_cgroup
+from crihook.hooks.node import Host, Topology, format_cpu_list, parse_cpu_list
 from crihook.hooks.spec import (
     Adjustment,
     ContainerState,
@@ -96,16 +93,6 @@ __all__ = ["CpuLedger"]
 
 log = logging.getLogger(__name__)
 
-_Item = TypeVar("_Item")
-_R = TypeVar("_R")
-
-QOS_RETRY_FIRST_SECONDS = 0.2
-QOS_RETRY_MAX_SECONDS = 5.0
-QOS_VERIFY_SECONDS = 10.0
-"""How often the QoS cgroups' `cpuset.cpus` are read back and written again where someone
-reset them: kubelet's default `cpuManagerReconcilePeriod`, the bound kubelet keeps on a
-container's cpuset."""
-
 
 class CpuLedger(Hook):
     honours_exemption = False
@@ -126,13 +113,8 @@ class CpuLedger(Hook):
         yet (put back if it fails)."""
         self._finished: dict[str, Mapping[str, bool]] = {}
         """Pod id → which of its containers have exited, asked once per CreateContainer."""
-        self._qos: QosPools | None = QosPools() if self.config.pool_in_qos_cgroups else None
+        self._qos = QosWriter(lambda: self.pool) if self.config.pool_in_qos_cgroups else None
         """The pools held in kubelet's QoS cgroups (`shared_pool_in = "qos-cgroups"`)."""
-        self._cgroups: PodCgroups | None = None
-        self._qos_lock = asyncio.Lock()
-        """One QoS write at a time: the one queued behind another writes the newest pool."""
-        self._qos_retry: asyncio.Task[None] | None = None
-        self._qos_verify: asyncio.Task[None] | None = None
 
     # --- start-up ----------------------------------------------------------------------------
     async def synchronize(self, sync: SyncContext) -> Sequence[ContainerUpdate]:
@@ -145,7 +127,6 @@ class CpuLedger(Hook):
         # At start a running container keeps what it has, or shares; later (a restored pod)
         # one whose exclusive CPUs are taken meanwhile is given free ones.
         place = self._place_adopted if sync.reason != "start" else None
-        self._cgroups = sync.cgroups
         if self._qos is not None:
             for pod in sync.pods:
                 self._qos.learn(pod.cgroup_parent, appeared=True)
@@ -156,16 +137,12 @@ class CpuLedger(Hook):
             sync.container_states,
             place=place,
             exclusive=self.config.static,
-            follows=self._follows if self._qos is not None else None,
+            follows=self._qos.follows if self._qos is not None else None,
         )
         if self._qos is not None:
             # Before the repairs (which widen containers made with a cpuset onto every CPU)
             # and before crihook is ready: the QoS cgroups hold the pools as the ledger says.
-            if self._cgroups is None:
-                log.error("cpuset: shared_pool_in = qos-cgroups, but no cgroups are given")
-            self._qos.rewrite()
-            await self._follow_pool()
-            self._verify_qos_periodically()
+            await self._qos.start(sync.cgroups)
         pool = self._pool
         log.info(
             "cpuset: %d container(s), %d exclusive; shared pool %s, reserved %s",
@@ -180,21 +157,11 @@ class CpuLedger(Hook):
         """With `qos-cgroups`: QoS cgroup writes that failed (each tried again), QoS cgroups
         found reset behind crihook's back (each written again), and reads back that failed
         (read again at the next check)."""
-        qos = self._qos
-        if qos is None:
-            return {}
-        return {
-            "qos_cgroup_writes": qos.failures,
-            "qos_cgroup_repairs": qos.repairs,
-            "qos_cgroup_reads": qos.read_failures,
-        }
+        return {} if self._qos is None else self._qos.failures()
 
     async def close(self) -> None:
-        tasks = [t for t in (self._qos_retry, self._qos_verify) if t is not None]
-        self._qos_retry = self._qos_verify = None
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._qos is not None:
+            await self._qos.close()
 
     def usage(self) -> list[PoolUsage]:
         """CPUs held exclusively (containers, bubbles, reservations), in the node's shared
@@ -620,130 +587,12 @@ class CpuLedger(Hook):
 
     # --- the pools in the QoS cgroups (shared_pool_in = "qos-cgroups") ----------------------
     def _follows(self, pod: PodView, pool: str, numa: frozenset[int]) -> bool:
-        """Whether a container of `pod` on the node pool `pool` runs on its QoS cgroup's
-        cpuset instead of its own: a Burstable or BestEffort pod whose cgroup is where
-        kubelet puts it, on its class's pool, not narrowed to NUMA nodes by koord-scheduler
-        (a QoS cgroup holds one set for all its pods)."""
-        if self._qos is None or numa:
-            return False
-        found = qos_cgroup(pod.cgroup_parent)
-        if found is None or pool_of_qos(found.qos) != pool:
-            return False
-        self._qos.learn(pod.cgroup_parent)
-        return True
+        return self._qos is not None and self._qos.follows(pod, pool, numa)
 
     async def _follow_pool(self) -> None:
-        """Write the pools to the QoS cgroups whose pool changed (nothing when none did,
-        which is a few dict look-ups: no thread)."""
-        qos = self._qos
-        if qos is None or not qos.due(self.pool):
-            return
-        async with self._qos_lock:
-            await self._write_due(qos)
-
-    async def _write_due(self, qos: QosPools) -> None:
-        """Write what is due, the pool as it is now (after any write before this one);
-        holding `_qos_lock`."""
-        due = qos.due(self.pool)
-        if not due:
-            return
-        # In a thread, unlike the CFS quota lift: narrowing a QoS cgroup makes the kernel
-        # walk every cgroup below it and re-pin each of their tasks (cpuset_mutex held),
-        # which grows with the node; the loop keeps serving meanwhile. The hop costs the
-        # few calls that change a pool ~0.5 ms.
-        results = await asyncio.to_thread(_on_each, self._cgroups, due, _write_one)
-        failed = False
-        for (path, text), result in zip(due, results, strict=True):
-            if isinstance(result, Exception):
-                failed = True
-                qos.failed(path)
-                log.warning(
-                    "cpuset: QoS cgroup %s keeps its cpuset.cpus, not the pool %s: %s "
-                    "(tried again)",
-                    path,
-                    text,
-                    result,
-                )
-                continue
-            qos.done(path, text, existed=result)
-            log.debug("cpuset: QoS cgroup %s: %s", path, text if result else "not there yet")
-        if failed:
-            self._retry_qos_later()
-
-    def _retry_qos_later(self) -> None:
-        if self._qos_retry is not None and not self._qos_retry.done():
-            return
-        # An empty context: what the retry notes belongs to no call being recorded.
-        self._qos_retry = asyncio.get_running_loop().create_task(
-            self._retry_qos(), name="crihook-cpuset-qos-retry", context=contextvars.Context()
-        )
-
-    async def _retry_qos(self) -> None:
-        assert self._qos is not None
-        delay = QOS_RETRY_FIRST_SECONDS
-        while True:
-            await asyncio.sleep(delay)
-            before = self._qos.failures
-            await self._follow_pool()
-            if self._qos.failures == before:
-                return
-            delay = min(delay * 2, QOS_RETRY_MAX_SECONDS)
-
-    def _verify_qos_periodically(self) -> None:
-        if self._qos_verify is not None and not self._qos_verify.done():
-            return
-        # An empty context, as the retry's: its reads and writes belong to no recorded call.
-        self._qos_verify = asyncio.get_running_loop().create_task(
-            self._verify_qos_every_period(),
-            name="crihook-cpuset-qos-verify",
-            context=contextvars.Context(),
-        )
-
-    async def _verify_qos_every_period(self) -> None:
-        while True:
-            await asyncio.sleep(QOS_VERIFY_SECONDS)
-            await self._verify_qos()
-
-    async def _verify_qos(self) -> None:
-        """Read back each QoS cgroup crihook wrote and that is there (one thread hop for
-        all), and write the pool again to each found holding other CPUs: systemd
-        re-applying a slice's empty `AllowedCPUs=`, an operator or another tool reset it.
-        Under `_qos_lock`, so no write of crihook's own lands between the read and the
-        comparison with what it wrote."""
-        qos = self._qos
-        assert qos is not None
-        async with self._qos_lock:
-            given = dict(qos.written)
-            if not given:
-                return
-            found = await asyncio.to_thread(_on_each, self._cgroups, list(given), _read_one)
-            reset: dict[str, str] = {}
-            for (path, text), held in zip(given.items(), found, strict=True):
-                if isinstance(held, Exception):
-                    qos.read_failures += 1
-                    log.warning(
-                        "cpuset: QoS cgroup %s: its cpuset.cpus could not be checked: %s "
-                        "(read again in %g s)",
-                        path,
-                        held,
-                        QOS_VERIFY_SECONDS,
-                    )
-                elif held is not None and not same_cpus(held, text):
-                    qos.reset_found(path)
-                    reset[path] = held
-            if not reset:
-                return
-            due = dict(qos.due(self.pool))
-            for path, held in reset.items():
-                log.warning(
-                    "cpuset: QoS cgroup %s held cpuset.cpus %s, not the pool %s crihook gave "
-                    "it (reset behind its back): given %s again",
-                    path,
-                    held or '"" (every CPU of its parent)',
-                    given[path],
-                    due.get(path, "nothing (the pool is empty)"),
-                )
-            await self._write_due(qos)
+        """The QoS cgroups follow a change of the pools (`qos-cgroups`; else nothing)."""
+        if self._qos is not None:
+            await self._qos.follow()
 
     # --- helpers -----------------------------------------------------------------------------
     def _unlimit_pod_quota(self, pod: PodView) -> None:
@@ -882,32 +731,6 @@ def _new_pool(node: Topology, config: CpusetOptions, sync: SyncContext) -> CpuPo
     if dropped:
         log.error("cpuset: unreadable state entries dropped: %s", ", ".join(dropped))
     return pool
-
-
-def _on_each(
-    cgroups: PodCgroups | None, items: Sequence[_Item], call: Callable[[PodCgroups, _Item], _R]
-) -> list[_R | Exception]:
-    """`call` on each QoS cgroup item, in a thread: its answer, or the error."""
-    out: list[_R | Exception] = []
-    for item in items:
-        if cgroups is None:
-            out.append(RuntimeError("no cgroups seam given to the hook"))
-            continue
-        try:
-            out.append(call(cgroups, item))
-        except (OSError, ValueError) as exc:
-            out.append(exc)
-    return out
-
-
-def _write_one(cgroups: PodCgroups, due: tuple[str, str]) -> bool:
-    """True, or False when the QoS cgroup is not there yet."""
-    return cgroups.write_qos_cpus(*due)
-
-
-def _read_one(cgroups: PodCgroups, path: str) -> str | None:
-    """What it holds, or None when it is not there (any more)."""
-    return cgroups.read_qos_cpus(path)
 
 
 def _no_cpuset(sent: str, whose: str) -> Adjustment | None:

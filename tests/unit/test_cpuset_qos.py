@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from crihook.api.cri.v1 import api_pb2
-from crihook.hooks.cpus import ledger as ledger_module
+from crihook.hooks.cpus import qos_writer
 from crihook.hooks.cpus.options import host_problems, parse_options
 from crihook.hooks.cpus.qos_pools import same_cpus
 from crihook.hooks.cpus.report import ledger_host_check
@@ -408,7 +408,7 @@ async def test_the_retry_stops_at_close() -> None:
     cgroups.fail = {BURSTABLE}
     g = await node.run_pod(PodSpec("g", containers=[guaranteed("app", 1000)]), "g")
     await node.create(g, guaranteed("app", 1000), "g1")
-    retry = node.hook._qos_retry  # type: ignore[attr-defined]
+    retry = node.hook._qos._retry  # type: ignore[attr-defined]
     assert retry is not None and not retry.done()
     await node.hook.close()
     assert retry.cancelled()
@@ -454,7 +454,7 @@ async def checked(node: Node, rounds: int = 2) -> None:
 
 @pytest.fixture
 def verify_often(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger_module, "QOS_VERIFY_SECONDS", 0.001)
+    monkeypatch.setattr(qos_writer, "QOS_VERIFY_SECONDS", 0.001)
 
 
 @pytest.mark.usefixtures("verify_often")
@@ -532,7 +532,7 @@ async def test_the_check_belongs_to_no_recorded_call_and_stops_at_close() -> Non
     assert {o.op for o in observed} == {"write_qos_cpus"}
     await until(lambda: len(cgroups.qos_reads) >= 2 * len(cgroups.qos), "two checks")
     assert {o.op for o in observed} == {"write_qos_cpus"}  # the reads noted nowhere
-    verify = node.hook._qos_verify  # type: ignore[attr-defined]
+    verify = node.hook._qos._verify  # type: ignore[attr-defined]
     assert verify is not None and not verify.done()
     await node.hook.close()
     assert verify.cancelled()
@@ -541,7 +541,7 @@ async def test_the_check_belongs_to_no_recorded_call_and_stops_at_close() -> Non
 async def test_no_check_without_qos_cgroups() -> None:
     node = Node(CpusetHook({"reserved_cpus": "0"}), TOPO, cgroups=FakeCgroups())
     await node.sync()
-    assert node.hook._qos_verify is None  # type: ignore[attr-defined]
+    assert node.hook._qos is None  # type: ignore[attr-defined]  # no writer, so no check
     assert node.hook.failures() == {}
 
 
