@@ -23,8 +23,9 @@ of a fake cgroup v2 tree (`--cgroup-root`, tests.lab.fake_cgroup_tree) instead o
 shared container's cpuset. Its window is not an update's: for each measured Guaranteed pod
 the run reads `kubepods/burstable/cpuset.cpus` when CreateContainer is answered (it must
 have lost the new exclusive CPU already: "narrowed late" counts those that had not), so the
-window, from the pick in the pre stage to the write, is bounded by that CreateContainer's
-wall time, reported as the QoS window.
+window, from the pick (the pre stage) to the write (the post stage, before the answer), is
+bounded by that CreateContainer's wall time, reported as the QoS window. No update is sent
+to those containers, so the update window columns read "-".
 
 `--node-pods-profile DIR`: py-spy records crihook over the measured pods (and their
 updates), raw stacks in `DIR/<pods>.txt`, the top frames printed (needs py-spy).
@@ -32,6 +33,7 @@ updates), raw stacks in `DIR/<pods>.txt`, the top frames printed (needs py-spy).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -328,7 +330,7 @@ def run_node_pods(
         lines.append(
             f"| {r['pods_on_node']}{ratio} | {r['wall_ms_p50']} ms | {r['wall_ms_mean']} ms | "
             f"{r['crihook_cpu_ms_per_pod']} ms | {r['updates_applied']} | "
-            f"{r['window_p50_le_s'] * 1e3:g} ms | {r['window_max_le_s'] * 1e3:g} ms |"
+            f"{_window_cell(r['window_p50_le_s'])} | {_window_cell(r['window_max_le_s'])} |"
         )
         if pool_in == "qos-cgroups":
             lines[-1] += (
@@ -336,3 +338,8 @@ def run_node_pods(
                 f" {r['qos_narrowed_late']} |"
             )
     return "\n".join(lines)
+
+
+def _window_cell(seconds: float) -> str:
+    """A window bound in ms; "-" when no update was observed (NaN)."""
+    return "-" if math.isnan(seconds) else f"{seconds * 1e3:g} ms"
