@@ -40,6 +40,7 @@ __all__ = [
     "canned_responses",
     "create_container_request",
     "fake_create_container_request",
+    "for_pod",
     "kubelet_create_container_request",
     "kubelet_run_pod_sandbox_request",
     "lifecycle_pod",
@@ -119,6 +120,18 @@ def lifecycle_pod(parent: str) -> PodSpec:
 
 def _hex_id(seed: str) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def for_pod(text: str, pod: int) -> str:
+    """A pod's id, uid or name as the bench's pod number `pod` has it: `text` itself for pod
+    0, else `text` with the number (4 digits) in its last four characters. Same length, so a
+    request into another pod is the same size; `text`'s own last four hold a letter, so no
+    other pod has pod 0's."""
+    if pod == 0:
+        return text
+    if not 0 < pod < 10_000:
+        raise ValueError(f"pod number {pod} does not fit in 4 digits")
+    return f"{text[:-4]}{pod:04d}"
 
 
 def runtime_methods() -> list[tuple[str, str, bool]]:
@@ -223,16 +236,22 @@ def create_container_request(
     return request.SerializeToString()
 
 
-def fake_create_container_request() -> bytes:
-    """The CreateContainerRequest sent to the fake runtime (fixed ids, 16 GiB node)."""
+def fake_create_container_request(pod_number: int = 0) -> bytes:
+    """The CreateContainerRequest sent to the fake runtime (fixed ids, 16 GiB node), into the
+    bench pod, or with `pod_number` into its twin of that number (_into_pod)."""
     pod = bench_pod()
-    return create_container_request(
+    encoded = create_container_request(
         pod,
         sandbox_id=_hex_id("bench-sandbox"),
         sandbox=sandbox_config(pod, log_root="/var/log/pods"),
         image_ref=f"sha256:{_hex_id(BUSYBOX_REF)}",
         node_memory=16 * 1024**3,
     )
+    if not pod_number:
+        return encoded
+    request = api_pb2.CreateContainerRequest.FromString(encoded)
+    _into_pod(request, pod_number)
+    return request.SerializeToString()
 
 
 KUBELET_CAPTURED = Path(__file__).resolve().parent / "kubelet_captured"
@@ -251,34 +270,70 @@ def kubelet_run_pod_sandbox_request(marked: bool = False) -> bytes:
     if not marked:
         return recorded
     request = api_pb2.RunPodSandboxRequest.FromString(recorded)
-    config = request.config
+    old_uid, old_name = request.config.metadata.uid, request.config.metadata.name
+    _move_pod(
+        request.config, old_uid[: -len(NAME_MARKER)] + NAME_MARKER, f"{old_name}-{NAME_MARKER}"
+    )
+    return request.SerializeToString()
+
+
+def _move_pod(
+    config: api_pb2.PodSandboxConfig, uid: str, name: str
+) -> Callable[[api_pb2.ContainerConfig], None]:
+    """Give kubelet's sandbox config another pod's uid and name wherever kubelet wrote them
+    (metadata, labels, log directory, cgroup parent). Returns what does the same to one of
+    the pod's container configs (kubelet's pod labels, the mount sources under the pod's
+    directory)."""
     old_uid, old_name = config.metadata.uid, config.metadata.name
-    uid = old_uid[: -len(NAME_MARKER)] + NAME_MARKER
-    name = f"{old_name}-{NAME_MARKER}"
 
     def mark(text: str) -> str:
         return text.replace(old_uid, uid).replace(f"_{old_name}_", f"_{name}_")
 
+    def relabel(labels: Any) -> None:
+        for key, value in list(labels.items()):
+            labels[key] = name if value == old_name else mark(value)
+
+    def move_container(container: api_pb2.ContainerConfig) -> None:
+        relabel(container.labels)
+        for mount in container.mounts:
+            mount.host_path = mark(mount.host_path)
+
     config.metadata.uid, config.metadata.name = uid, name
     config.log_directory = mark(config.log_directory)
     config.linux.cgroup_parent = mark(config.linux.cgroup_parent)
-    for key, value in list(config.labels.items()):
-        config.labels[key] = name if value == old_name else mark(value)
-    return request.SerializeToString()
+    relabel(config.labels)
+    return move_container
 
 
-def kubelet_create_container_request() -> bytes:
+def kubelet_create_container_request(pod_number: int = 0) -> bytes:
     """The CreateContainerRequest a real kubelet sent, its container named ``app-`` +
     NAME_MARKER (name and kubelet's name label) so that each request has its own; re-encoded
     by protobuf (kubelet's Go encoder may order map entries otherwise: same size, same
-    content)."""
+    content). With `pod_number`: into the captured pod's twin of that number (_into_pod)."""
     request = api_pb2.CreateContainerRequest.FromString(
         (KUBELET_CAPTURED / "CreateContainer.bin").read_bytes()
     )
     name = f"app-{NAME_MARKER}"
     request.config.metadata.name = name
     request.config.labels[KUBELET_CONTAINER_LABEL] = name
+    if pod_number:
+        _into_pod(request, pod_number)
     return request.SerializeToString()
+
+
+def _into_pod(request: api_pb2.CreateContainerRequest, pod_number: int) -> None:
+    """The same container into pod `pod_number`'s twin, as kubelet would send it for another
+    pod of the same template: the sandbox id, the pod's uid and name numbered (for_pod)
+    wherever kubelet wrote them; the rest, the container's hash included, unchanged. As long
+    as the request it was."""
+    metadata = request.sandbox_config.metadata
+    move_container = _move_pod(
+        request.sandbox_config,
+        for_pod(metadata.uid, pod_number),
+        for_pod(metadata.name, pod_number),
+    )
+    move_container(request.config)
+    request.pod_sandbox_id = for_pod(request.pod_sandbox_id, pod_number)
 
 
 def list_containers_request() -> bytes:
