@@ -12,6 +12,11 @@ window.
 the same name): every occurrence of the ASCII marker in the payload is replaced by a
 zero-padded counter of the same width, so no length prefix changes.
 
+``--payload`` given n times: worker w sends the (w mod n)-th. bench.run gives a CreateContainer
+cell at concurrency c one request per pod for c pods, so each worker sends into a pod of its
+own: crihook serializes one pod's calls (as kubelet sends them), and c workers into one pod
+would measure that lock. The counter is shared: requests stay unique across workers.
+
 ``--lifecycle`` measures a pod sandbox's life instead of one call: the method is
 RunPodSandbox, and each "call" is RunPodSandbox then StopPodSandbox of the sandbox it made,
 timed together; RemovePodSandbox follows, untimed (its CPU is in the window's CPU per call).
@@ -37,7 +42,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -45,7 +50,7 @@ import grpc
 from bench.procfs import CLK_TCK, cpu_ticks
 from crihook.api.cri.v1 import api_pb2
 
-__all__ = ["main", "percentile"]
+__all__ = ["main", "percentile", "request_factory"]
 
 
 def percentile(sorted_values: list[int], pct: float) -> int:
@@ -56,21 +61,26 @@ def percentile(sorted_values: list[int], pct: float) -> int:
     return sorted_values[rank - 1]
 
 
-def _request_factory(payload: bytes, marker: bytes | None, start: int) -> Callable[[], bytes]:
+def request_factory(
+    payloads: Sequence[bytes], marker: bytes | None, start: int
+) -> Callable[[int], bytes]:
+    """What makes worker w's next request: the (w mod n)-th payload, its marker (if any)
+    replaced by the next value of one counter all workers share."""
+    count = len(payloads)
     if not marker:
-        return lambda: payload
-    parts = payload.split(marker)
-    if len(parts) < 2:
-        raise SystemExit(f"unique marker {marker!r} does not occur in the payload")
+        return lambda worker: payloads[worker % count]
+    split = [payload.split(marker) for payload in payloads]
+    if any(len(parts) < 2 for parts in split):
+        raise SystemExit(f"unique marker {marker!r} does not occur in every payload")
     width = len(marker)
     counter = itertools.count(start)
     limit = 10**width
 
-    def make() -> bytes:
+    def make(worker: int) -> bytes:
         n = next(counter)
         if n >= limit:
             raise SystemExit(f"unique counter overflowed {width} digits")
-        return str(n).zfill(width).encode().join(parts)
+        return str(n).zfill(width).encode().join(split[worker % count])
 
     return make
 
@@ -96,9 +106,9 @@ def _sample(watch: dict[str, list[int]]) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
-    payload = Path(args.payload).read_bytes() if args.payload else b""
-    make_request = _request_factory(
-        payload, args.unique_marker.encode() if args.unique_marker else None, args.start_index
+    payloads = [Path(path).read_bytes() for path in args.payload] or [b""]
+    make_request = request_factory(
+        payloads, args.unique_marker.encode() if args.unique_marker else None, args.start_index
     )
     watch: dict[str, list[int]] = {}
     for item in args.watch:
@@ -138,9 +148,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         timeout = args.timeout
         clock = time.perf_counter_ns
 
-        async def worker() -> None:
+        async def worker(index: int) -> None:
             while not stopping:
-                request = make_request()
+                request = make_request(index)
                 started = clock()
                 code = None
                 response = None
@@ -165,7 +175,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     warmup_errors[code] += 1
 
         workers = [
-            asyncio.create_task(worker(), name=f"loadgen-worker-{i}")
+            asyncio.create_task(worker(i), name=f"loadgen-worker-{i}")
             for i in range(args.concurrency)
         ]
         await asyncio.sleep(args.warmup)
@@ -197,7 +207,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "target": args.target,
         "method": args.method,
         "concurrency": args.concurrency,
-        "request_bytes": len(payload),
+        "request_bytes": max(len(payload) for payload in payloads),
+        "payloads": len(payloads),
         "window_s": window_s,
         "count": count,
         "errors": error_count,
@@ -236,7 +247,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 def command(
     target: str,
     method: str,
-    payload: str,
+    payloads: Sequence[str],
     concurrency: int,
     warmup: float,
     duration: float,
@@ -245,11 +256,12 @@ def command(
     start: int = 0,
 ) -> list[str]:
     """The command line that runs this load generator (from the repository's root) with
-    these options; callers add what else they need (`--watch`, `--lifecycle`)."""
+    these options (`payloads`: files, worker w sends the (w mod n)-th); callers add what else
+    they need (`--watch`, `--lifecycle`)."""
     argv = [
         sys.executable, "-m", "bench.loadgen", "--target", target, "--method", method,
-        "--payload", payload, "--concurrency", str(concurrency), "--warmup", str(warmup),
-        "--duration", str(duration),
+        *(arg for path in payloads for arg in ("--payload", path)),
+        "--concurrency", str(concurrency), "--warmup", str(warmup), "--duration", str(duration),
     ]  # fmt: skip
     if marker:
         argv += ["--unique-marker", marker, "--start-index", str(start)]
@@ -260,7 +272,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="gRPC target, e.g. unix:///tmp/x.sock")
     p.add_argument("--method", required=True, help="full method path /pkg.Service/Method")
-    p.add_argument("--payload", help="file with the encoded request (default: empty message)")
+    p.add_argument(
+        "--payload",
+        action="append",
+        default=[],
+        help="file with the encoded request (default: empty message); repeat it to give the "
+        "workers different requests: worker w sends the (w mod n)-th (a pod per worker)",
+    )
     p.add_argument("--unique-marker", help="ASCII marker in the payload replaced by a counter")
     p.add_argument("--start-index", type=int, default=0, help="first value of the counter")
     p.add_argument("--concurrency", "-c", type=int, default=1)

@@ -37,6 +37,7 @@ from bench.run import (
     Crihook,
     FakeBackend,
     default_crihook_cmd,
+    write_payloads,
 )
 
 
@@ -160,21 +161,21 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(tmp)
         tools_env = {"GRPC_EXPERIMENTS": TOOLS_GRPC_EXPERIMENTS}
         backend: Backend = (
-            FakeBackend(workdir, tools_env)
+            FakeBackend(workdir, tools_env, pods=args.concurrency)
             if args.backend == "fake"
-            else ContainerdBackend(workdir)
+            else ContainerdBackend(workdir, pods=args.concurrency)
         )
         crihook = None
         try:
             crihook = Crihook(scenario, backend, workdir, cmd)
             payload = backend.payload(method)
-            payload_file = workdir / "payload.bin"
-            payload_file.write_bytes(payload.data)
+            # CreateContainer: a pod per worker, as bench.run sends it
+            files = write_payloads(payload.per_worker(args.concurrency), workdir / "payload")
             warmup = 2.0
             loadgen_argv = loadgen.command(
                 crihook.endpoint,
                 method.path,
-                str(payload_file),
+                [str(path) for path in files],
                 args.concurrency,
                 warmup,
                 args.duration + 1.0,

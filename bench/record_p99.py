@@ -84,7 +84,7 @@ def _load(
     method = next(m for m in METHODS if m.name == "CreateContainer").path
     # With a marker: new container names in every row, as bench.run gives each cell.
     argv = loadgen.command(
-        crihook.endpoint, method, str(payload_file), 1, 0.5, seconds, marker=marker, start=start
+        crihook.endpoint, method, [str(payload_file)], 1, 0.5, seconds, marker=marker, start=start
     )
     env = {**os.environ, "GRPC_EXPERIMENTS": TOOLS_GRPC_EXPERIMENTS}
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, env=env, check=True)

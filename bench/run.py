@@ -36,13 +36,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from bench import kubelet_start, loadgen, node_pods, payloads
 from bench.procfs import descendants, rss_bytes
 from crihook.api.cri.v1 import api_pb2
+
+if TYPE_CHECKING:
+    from tests.lab.kubelet import KubeletClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIRECT = "direct"
@@ -297,6 +300,34 @@ BUDGET = Budget()
 class Payload:
     data: bytes
     marker: str | None = None  # replaced by a counter per request (unique container names)
+    pods: tuple[bytes, ...] = ()
+    """A call made into a pod (CreateContainer): its request into pod 0, 1, ... (`data` is
+    pod 0's). crihook serializes one pod's calls, as kubelet sends them: a cell at
+    concurrency c gives each of its c workers a pod of its own, or it would measure that
+    lock. Empty: every worker sends `data`."""
+
+    @classmethod
+    def into_pods(cls, requests: Sequence[bytes], marker: str | None = None) -> Payload:
+        return cls(requests[0], marker, tuple(requests))
+
+    def per_worker(self, concurrency: int) -> tuple[bytes, ...]:
+        """The requests a cell at `concurrency` sends, worker w the (w mod n)-th."""
+        if not self.pods:
+            return (self.data,)
+        if concurrency > len(self.pods):
+            raise ValueError(f"{concurrency} workers, requests into {len(self.pods)} pods only")
+        return self.pods[:concurrency]
+
+
+def create_container_payload(kubelet_requests: bool, pods: int) -> Payload:
+    """The fake runtime's CreateContainer: the bench pod's request (or kubelet's captured
+    one) into `pods` pods, each request with its own container name."""
+    make = (
+        payloads.kubelet_create_container_request
+        if kubelet_requests
+        else payloads.fake_create_container_request
+    )
+    return Payload.into_pods([make(pod) for pod in range(pods)], payloads.NAME_MARKER)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -372,6 +403,16 @@ class Managed:
         self._log_file.close()
 
 
+def write_payloads(requests: Sequence[bytes], stem: Path) -> list[Path]:
+    """Each request in its own file (`stem`-N.bin), for the load generator's --payload."""
+    paths = []
+    for number, request in enumerate(requests):
+        path = stem.with_name(f"{stem.name}-{number}.bin")
+        path.write_bytes(request)
+        paths.append(path)
+    return paths
+
+
 # --- backends --------------------------------------------------------------------------------
 
 
@@ -386,12 +427,17 @@ class Backend(Protocol):
 
 
 class FakeBackend:
-    """bench.fake_runtime in its own process."""
+    """bench.fake_runtime in its own process. `pods`: how many pods CreateContainer is sent
+    into, at most (the highest concurrency measured)."""
 
     name = "fake"
 
     def __init__(
-        self, workdir: Path, env: Mapping[str, str] | None = None, kubelet_requests: bool = False
+        self,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        kubelet_requests: bool = False,
+        pods: int = 1,
     ) -> None:
         sock = workdir / "fake-runtime.sock"
         self.endpoint = f"unix://{sock}"
@@ -403,12 +449,7 @@ class FakeBackend:
         wait_ready(self.endpoint, self._proc.proc, self._proc.log)
         self._payloads = {
             "ListContainers": Payload(payloads.list_containers_request()),
-            "CreateContainer": Payload(
-                payloads.kubelet_create_container_request()
-                if kubelet_requests
-                else payloads.fake_create_container_request(),
-                payloads.NAME_MARKER,
-            ),
+            "CreateContainer": create_container_payload(kubelet_requests, pods),
         }
         if kubelet_requests:
             self._payloads[KUBELET_RUN.name] = Payload(
@@ -429,12 +470,14 @@ class FakeBackend:
 
 
 class ContainerdBackend:
-    """A real containerd from tests.lab with one host-network, Burstable pod sandbox.
+    """A real containerd from tests.lab with ``pods`` host-network, Burstable pod sandboxes
+    (the highest concurrency measured: a CreateContainer cell at concurrency c sends into the
+    first c, a worker each).
 
     ``containerd``: Debian's 1.6 (``1.6``) or 2.x built by tests.lab.peers (``2``).
 
-    The sandbox holds ``resident`` created (not started) containers so ListContainers has
-    something realistic to return. Each CreateContainer request gets a unique name (the
+    The first sandbox holds ``resident`` created (not started) containers so ListContainers
+    has something realistic to return. Each CreateContainer request gets a unique name (the
     load generator replaces NAME_MARKER); every container the load made carries
     payloads.LOAD_LABEL and is removed after the cell, through the path that created it, so
     crihook's view stays consistent. PullImage is never called: the lab imports its images.
@@ -443,7 +486,12 @@ class ContainerdBackend:
     name = "containerd"
 
     def __init__(
-        self, workdir: Path, containerd: str = "1.6", resident: int = 10, lifecycle: bool = False
+        self,
+        workdir: Path,
+        containerd: str = "1.6",
+        resident: int = 10,
+        lifecycle: bool = False,
+        pods: int = 1,
     ) -> None:
         from tests.lab.containerd import Containerd
         from tests.lab.kubelet import KubeletClient
@@ -451,52 +499,18 @@ class ContainerdBackend:
 
         self._lab = Containerd(workdir / "ctrd", binaries=containerd_binaries(containerd))
         self._bridge: str | None = None
+        self.sandbox_ids: list[str] = []
         try:
             self._lab.start()
             self.endpoint = self._lab.endpoint
-            pod = payloads.bench_pod(
-                name="web-0",
-                uid=f"be4c0000-0000-4000-8000-{os.getpid():012d}",
-                image=self._lab.images.busybox.ref,
-                kubelet_dir=str(workdir / "kubelet"),
-            )
-            for path, is_dir in payloads.mount_sources(pod):
-                if is_dir:
-                    Path(path).mkdir(parents=True, exist_ok=True)
-                else:
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
-                    Path(path).touch()
             with KubeletClient(self.endpoint, log_root=self._lab.pod_log_dir) as kubelet:
-                sandbox = kubelet.sandbox_config(pod)
-                Path(sandbox.log_directory).mkdir(parents=True, exist_ok=True)
-                self.sandbox_id = kubelet.runtime.RunPodSandbox(
-                    api_pb2.RunPodSandboxRequest(config=sandbox), timeout=120
-                ).pod_sandbox_id
-                image_id = kubelet.images.ImageStatus(
-                    api_pb2.ImageStatusRequest(
-                        image=api_pb2.ImageSpec(image=pod.containers[0].image)
-                    ),
-                    timeout=60,
-                ).image.id
-                if not image_id:
-                    raise RuntimeError(f"image {pod.containers[0].image} missing in the lab")
-
-                def request(container: Any = None) -> bytes:
-                    return payloads.create_container_request(
-                        pod, sandbox_id=self.sandbox_id, sandbox=sandbox, image_ref=image_id,
-                        node_memory=kubelet.node_memory, container=container,
-                    )  # fmt: skip
-
-                template = pod.containers[0]
-                for i in range(resident):
-                    resident_spec = dataclasses.replace(template, name=f"resident-{i}", labels={})
-                    kubelet.runtime.CreateContainer(
-                        api_pb2.CreateContainerRequest.FromString(request(resident_spec)),
-                        timeout=60,
-                    )
+                requests = [
+                    self._start_pod(kubelet, workdir, number, resident if number == 0 else 0)
+                    for number in range(pods)
+                ]
                 self._payloads = {
                     "ListContainers": Payload(payloads.list_containers_request()),
-                    "CreateContainer": Payload(request(), payloads.NAME_MARKER),
+                    "CreateContainer": Payload.into_pods(requests, payloads.NAME_MARKER),
                 }
                 if lifecycle:
                     self._bridge = make_bridge()
@@ -512,6 +526,51 @@ class ContainerdBackend:
             self.close()
             raise
 
+    def _start_pod(
+        self, kubelet: KubeletClient, workdir: Path, number: int, resident: int
+    ) -> bytes:
+        """Run the sandbox of pod `number` (pod 0: the uid's second group 0000, as before
+        there were several), make its mount sources and `resident` containers; return its
+        CreateContainer request (NAME_MARKER in the container's name)."""
+        pod = payloads.bench_pod(
+            name=f"web-{number}",
+            uid=f"be4c0000-{number:04d}-4000-8000-{os.getpid():012d}",
+            image=self._lab.images.busybox.ref,
+            kubelet_dir=str(workdir / "kubelet"),
+        )
+        for path, is_dir in payloads.mount_sources(pod):
+            if is_dir:
+                Path(path).mkdir(parents=True, exist_ok=True)
+            else:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).touch()
+        sandbox = kubelet.sandbox_config(pod)
+        Path(sandbox.log_directory).mkdir(parents=True, exist_ok=True)
+        sandbox_id = kubelet.runtime.RunPodSandbox(
+            api_pb2.RunPodSandboxRequest(config=sandbox), timeout=120
+        ).pod_sandbox_id
+        self.sandbox_ids.append(sandbox_id)
+        image_id = kubelet.images.ImageStatus(
+            api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=pod.containers[0].image)),
+            timeout=60,
+        ).image.id
+        if not image_id:
+            raise RuntimeError(f"image {pod.containers[0].image} missing in the lab")
+
+        def request(container: Any = None) -> bytes:
+            return payloads.create_container_request(
+                pod, sandbox_id=sandbox_id, sandbox=sandbox, image_ref=image_id,
+                node_memory=kubelet.node_memory, container=container,
+            )  # fmt: skip
+
+        template = pod.containers[0]
+        for i in range(resident):
+            resident_spec = dataclasses.replace(template, name=f"resident-{i}", labels={})
+            kubelet.runtime.CreateContainer(
+                api_pb2.CreateContainerRequest.FromString(request(resident_spec)), timeout=60
+            )
+        return request()
+
     def pids(self) -> list[int]:
         pid = self._lab.pid
         return [pid] if pid else []
@@ -521,7 +580,8 @@ class ContainerdBackend:
 
     def after_cell(self, target: str, method: Method) -> None:
         if method.name == "CreateContainer":
-            remove_load_containers(target, self.sandbox_id)
+            for sandbox_id in self.sandbox_ids:
+                remove_load_containers(target, sandbox_id)
         elif method is LIFECYCLE:
             remove_lifecycle_sandboxes(target)
 
@@ -757,28 +817,31 @@ class Bench:
         self.tools_env = (
             {"GRPC_EXPERIMENTS": args.tools_grpc_experiments} if args.tools_grpc_experiments else {}
         )
-        self._payload_files: dict[tuple[str, str], Path] = {}
+        self._payload_files: dict[tuple[str, str], list[Path]] = {}
         self.go_binary: Path | None = None
 
     # set-up ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._say("starting the fake runtime")
+        pods = max(self.args.concurrency)  # CreateContainer: a pod per worker
         self.backends["fake"] = FakeBackend(
-            self.workdir, self.tools_env, kubelet_requests=self.args.kubelet_requests
+            self.workdir, self.tools_env, kubelet_requests=self.args.kubelet_requests, pods=pods
         )
         if self.args.real_containerd:
             self._say(
                 f"starting a real containerd {self.args.containerd} (tests.lab) and a pod sandbox"
             )
             self.backends["containerd"] = ContainerdBackend(
-                self.workdir, self.args.containerd, lifecycle=self.lifecycle
+                self.workdir, self.args.containerd, lifecycle=self.lifecycle, pods=pods
             )
         for backend in self.backends.values():
             for method in self._methods_of(backend.name):
-                path = self.workdir / f"payload-{backend.name}-{method.name}.bin"
-                path.write_bytes(backend.payload(method).data)
-                self._payload_files[(backend.name, method.name)] = path
+                payload = backend.payload(method)
+                self._payload_files[(backend.name, method.name)] = write_payloads(
+                    payload.pods or (payload.data,),
+                    self.workdir / f"payload-{backend.name}-{method.name}",
+                )
             for scenario in self.scenarios:
                 self._say(f"starting crihook {backend.name}/{scenario.name}")
                 self.crihooks[(backend.name, scenario.name)] = Crihook(
@@ -862,10 +925,11 @@ class Bench:
         method = self.methods[cell.method]
         payload = backend.payload(method)
         target = self.target(cell)
+        files = self._payload_files[(cell.backend, cell.method)]
         argv = loadgen.command(
             target,
             method.path,
-            str(self._payload_files[(cell.backend, cell.method)]),
+            [str(path) for path in files[: len(payload.per_worker(cell.concurrency))]],
             cell.concurrency,
             warmup,
             duration,
