@@ -1,7 +1,7 @@
 """bench.run's CreateContainer cells send into a pod per worker: crihook serializes one pod's
 calls (the pipeline's pod lock), so c workers into one pod would measure the lock. No
-processes here: the payloads, the load generator's choice of request per worker and its
-command line."""
+processes here: the payloads, the load generator's choice of request per worker, its command
+line and the target's verdict."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import NamedTuple
 import pytest
 
 from bench import loadgen, payloads
-from bench.run import Payload, create_container_payload
+from bench.run import GO_TARGETS, SCENARIOS, Payload, check_targets, create_container_payload
 from crihook.api.cri.v1 import api_pb2
 from crihook.hooks.spec.views import pod_view_from_config
+
+HOOKS_NONE = next(s for s in SCENARIOS if s.name == "hooks-none")
 
 
 class Sent(NamedTuple):
@@ -113,3 +115,38 @@ def test_the_load_generator_is_given_every_pods_request() -> None:
     argv = loadgen.command("unix:///x.sock", payloads.CREATE_CONTAINER, ["a", "b"], 2, 0.5, 2.5)
 
     assert loadgen.parse_args(argv[3:]).payload == ["a", "b"]
+
+
+def _summary(rps_x: float) -> list[dict[str, object]]:
+    return [
+        {
+            "backend": "fake",
+            "method": "CreateContainer",
+            "concurrency": 16,
+            "path": "hooks-none",
+            "rps_x": rps_x,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rps_x", "met"), [(0.85, True), (0.8, True), (0.5, False)], ids=["above", "at", "below"]
+)
+def test_c16_intercepted_throughput_is_checked_against_at_least_08_direct(
+    rps_x: float, met: bool
+) -> None:
+    checks = [
+        c
+        for c in check_targets(_summary(rps_x), [], [HOOKS_NONE], [])
+        if "c=16, CreateContainer" in c["what"]
+    ]
+
+    assert [(c["value"], c["limit"], c["bound"], c["met"]) for c in checks] == [
+        (rps_x, GO_TARGETS.c16_intercepted_rps_x_min, "≥", met)
+    ]
+
+
+def test_no_c16_verdict_when_c16_was_not_measured() -> None:
+    checks = check_targets([], [], [HOOKS_NONE], [])
+
+    assert not [c for c in checks if "c=16" in c["what"]]
