@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -99,6 +100,7 @@ def measure(lab: Any, updates: str, shared: int, reps: int, say: Any) -> dict[st
                 kubelet.remove_pod(handle)
     finally:
         proc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # only a test's fixture removes it otherwise
     return {
         "updates": updates,
         "shared": shared,

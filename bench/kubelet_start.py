@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -119,9 +120,11 @@ def _node(
     kubelet_options = {"cpu_manager_policy": "static"} if path == KUBELET_STATIC else {}
     if path not in (DIRECT, KUBELET_STATIC):
         hooks = "none" if path == "hooks-none" else path
+        workdir = short_tmpdir("kb-")  # only a test's fixture removes these: the bench does
+        stack.callback(shutil.rmtree, workdir, True)  # after crihook is killed (LIFO)
         crihook = CrihookProcess(
             lab.endpoint,
-            workdir=short_tmpdir("kb-"),
+            workdir=workdir,
             config=CRIHOOK_CONFIG,
             hooks=hooks,
             # INFO: the call log (crihook's own part); the harness's default is debug
