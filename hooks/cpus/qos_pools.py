@@ -10,9 +10,10 @@ per container.
 
 This module only keeps the books: which QoS cgroups there are (kubelet's default paths for
 either driver, and the parents of the pods seen), what each was last given, which were not
-there yet. The ledger writes what `due` lists, through the `PodCgroups` seam, in a thread,
-and every `QOS_VERIFY_SECONDS` reads back what it wrote (`written`): one found holding
-other CPUs (`same_cpus`) was reset behind crihook's back and is due again (`reset_found`).
+there yet. `QosWriter` (qos_writer.py) writes what `due` lists, through the `PodCgroups`
+seam, in a thread, and every `QOS_VERIFY_SECONDS` reads back what it wrote (`written`): one
+found holding other CPUs (`same_cpus`) was reset behind crihook's back and is due again
+(`reset_found`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 `QosPools` (qos_pools.py) keeps the books: which QoS cgroups there are and what each was
 given. This writes what is due through the `PodCgroups` seam, in a worker thread: unlike the
 CFS quota lift, narrowing a QoS cgroup makes the kernel walk every cgroup below it and re-pin
-each of their tasks (cpuset_mutex held), which grows with the node, and the loop keeps
-serving meanwhile. The hop costs the few calls that change a pool ~0.5 ms.
+each of their tasks (cpuset_mutex held), which grows with the node (how the kernel does it;
+not measured here, where cgroup v2 has no cpuset controller), and the loop keeps serving
+meanwhile. The hop costs the few calls that change a pool ~0.5 ms.
 
 - One write at a time: one queued behind another writes the newest pool.
 - A write that fails is logged, counted and tried again (0.2 s doubling to 5 s, and at every
