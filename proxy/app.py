@@ -464,8 +464,9 @@ class App:
         settings = self.settings
         self.store.load()
         self.build_hooks()
-        for problem in host_problems(settings.chain.hooks, settings.node.cgroup_root):
-            raise problem  # before anything is served: exit 2, naming the option
+        problems = host_problems(settings.chain.hooks, settings.node.cgroup_root)
+        if problems:
+            raise problems[0]  # before anything is served: exit 2, naming the option
         await self._write_node_doc()
         metrics_server = None
         if self.metrics is not None:

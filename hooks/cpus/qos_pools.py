@@ -70,10 +70,14 @@ class QosPools:
         before is tried again."""
         found = qos_cgroup(cgroup_parent)
         if found is not None:
-            self.known.setdefault(found.path, found.qos)
+            self.know(found)
             if appeared:
                 self.absent.pop(found.path, None)
         return found
+
+    def know(self, found: QosCgroup) -> None:
+        """A QoS cgroup, known from now on (written whenever its pool changes)."""
+        self.known.setdefault(found.path, found.qos)
 
     def due(self, pool: CpuPool) -> list[tuple[str, str]]:
         """(path, cpulist) for each QoS cgroup whose pool is not what it was last given. An

@@ -74,7 +74,7 @@ class QosWriter:
         found = qos_cgroup(pod.cgroup_parent)
         if found is None or pool_of_qos(found.qos) != pool:
             return False
-        self.books.learn(pod.cgroup_parent)
+        self.books.know(found)
         return True
 
     def learn(self, cgroup_parent: str, *, appeared: bool = False) -> None:
