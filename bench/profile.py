@@ -2,7 +2,7 @@
 
     python -m bench.profile [--method ListContainers] [--concurrency 1] [--duration 10]
                             [--backend fake|containerd] [--scenario hooks-none] [--native]
-                            [--out DIR]
+                            [--kubelet-requests] [--out DIR]
 
 Starts the fake runtime (or a real containerd from tests.lab) and one crihook (a scenario
 from bench.run.SCENARIOS), drives it with the load generator and records it with
@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", type=Path, default=Path("/tmp/crihook-profile"))
     p.add_argument("--crihook-cmd", help="command that runs crihook (default: venv's crihook)")
+    p.add_argument(
+        "--kubelet-requests", action="store_true",
+        help="fake runtime only: send kubelet's captured CreateContainer (as bench.run does)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     method = next(m for m in METHODS if m.name == args.method)
@@ -161,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(tmp)
         tools_env = {"GRPC_EXPERIMENTS": TOOLS_GRPC_EXPERIMENTS}
         backend: Backend = (
-            FakeBackend(workdir, tools_env, pods=args.concurrency)
+            FakeBackend(
+                workdir, tools_env, kubelet_requests=args.kubelet_requests, pods=args.concurrency
+            )
             if args.backend == "fake"
             else ContainerdBackend(workdir, pods=args.concurrency)
         )
