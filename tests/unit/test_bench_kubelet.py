@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from bench import kubelet_capture, payloads
-from bench.kubelet_start import own_ms, own_ms_by_call, paired_interval, report
+from bench.kubelet_start import own_ms, own_ms_by_call, paired_interval, report, verdict
 from crihook.api.cri.v1 import api_pb2
 
 
@@ -142,3 +142,16 @@ def test_the_paired_interval_narrows_with_more_reps_and_holds_the_median() -> No
     low, high = paired_interval(spread * 10, direct * 10)
     assert high - low < wide
     assert paired_interval([105.0] * 5, [100.0] * 5) == (1.05, 1.05)
+
+
+def test_the_target_is_judged_on_the_interval_not_the_median() -> None:
+    assert verdict(0.99, 1.015).startswith("met")
+    assert verdict(1.021, 1.05).startswith("NOT met")
+    assert verdict(0.98, 1.06).startswith("not resolved by these reps")
+    text = report(
+        "1.6",
+        "guaranteed",
+        {"direct": [100.0] * 4, "hooks-none": [101.0] * 4, "cpuset,numa,oom": [110.0] * 4},
+    )
+    assert "- hooks-none: met (95% interval 1.010-1.010)" in text
+    assert "- cpuset,numa,oom: NOT met (95% interval 1.100-1.100)" in text
