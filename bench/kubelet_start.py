@@ -266,8 +266,9 @@ def report(
             if reference in starts_ms
             else "| - | - |"
         )
-        low, high = paired_interval(starts, direct) if len(starts) > 1 else (1.0, 1.0)
-        interval = "-" if name == DIRECT else f"{low:.3f}-{high:.3f}"
+        interval = "-"  # none for direct itself, nor from a single rep
+        if name != DIRECT and len(starts) > 1:
+            interval = "{:.3f}-{:.3f}".format(*paired_interval(starts, direct))
         lines.append(
             f"| {name} | {q1:.1f} | {q2:.1f} | {q3:.1f} | {q2 / base:.3f} "
             f"| {_paired(starts, direct):.3f} | {interval} {against}"
